@@ -1,0 +1,1 @@
+//! kairos-actors: the node runtime (ractor actors), the API server and the `kairos` binary.

@@ -1,0 +1,141 @@
+//! The group committer: one thread that resolves queued commits in order and writes each
+//! batch in one redb transaction with one fsync.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+
+use bytes::Bytes;
+use redb::ReadableTable;
+use tokio::sync::oneshot;
+
+use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
+use crate::env::SharedClock;
+use crate::kv::error::{Error, Result};
+use crate::kv::local::CommitRequest;
+use crate::kv::local::mutation::{ApplyTarget, Change, apply, stamped_write_ranges};
+use crate::kv::local::resolver::Resolver;
+use crate::kv::local::watch::Watches;
+use crate::kv::{CommitInfo, Versionstamp};
+
+pub(crate) struct Job {
+    pub req: CommitRequest,
+    pub reply: oneshot::Sender<Result<CommitInfo>>,
+}
+
+pub(crate) struct Committer {
+    db: Arc<redb::Database>,
+    clock: SharedClock,
+    watches: Arc<Watches>,
+    stats: Arc<EmbeddedStats>,
+    resolver: Resolver,
+}
+
+struct TableTarget<'a, 't> {
+    table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
+}
+
+fn storage(e: impl std::fmt::Display) -> Error {
+    Error::Storage(format!("write: {e}"))
+}
+
+impl ApplyTarget for TableTarget<'_, '_> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>> {
+        Ok(self.table.get(key).map_err(storage)?.map(|g| Bytes::copy_from_slice(g.value())))
+    }
+    fn put(&mut self, key: &[u8], value: Option<Bytes>) -> Result<()> {
+        match value {
+            Some(v) => self.table.insert(key, v.as_ref()).map(|_| ()),
+            None => self.table.remove(key).map(|_| ()),
+        }
+        .map_err(storage)
+    }
+    fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> Result<()> {
+        self.table.retain_in::<&[u8], _>(begin..end, |_, _| false).map_err(storage)
+    }
+}
+
+impl Committer {
+    pub(crate) fn new(
+        db: Arc<redb::Database>,
+        clock: SharedClock,
+        watches: Arc<Watches>,
+        stats: Arc<EmbeddedStats>,
+        version: u64,
+    ) -> Self {
+        Committer { db, clock, watches, stats, resolver: Resolver::new(version) }
+    }
+
+    /// Serves commits until every sender is dropped.
+    pub(crate) fn run(mut self, jobs: Receiver<Job>) {
+        while let Ok(first) = jobs.recv() {
+            let mut batch = vec![first];
+            while batch.len() < GROUP_COMMIT_TRANSACTIONS_MAX {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(batch);
+        }
+    }
+
+    fn commit_batch(&mut self, batch: Vec<Job>) {
+        let mut accepted: Vec<(oneshot::Sender<Result<CommitInfo>>, CommitInfo)> = Vec::new();
+        let mut changes: Vec<Change> = Vec::new();
+        let outcome = (|| -> Result<()> {
+            let w = self.db.begin_write().map_err(storage)?;
+            {
+                let mut table = w.open_table(DATA).map_err(storage)?;
+                let mut meta = w.open_table(META).map_err(storage)?;
+                let now = self.clock.now();
+                let collect = self.watches.any();
+                for job in batch {
+                    let req = job.req;
+                    if let Err(e) = self.resolver.check(req.read_version, &req.read_conflicts) {
+                        self.stats.transactions_rejected.fetch_add(1, Ordering::Relaxed);
+                        let _ = job.reply.send(Err(e));
+                        continue;
+                    }
+                    let version = self.resolver.next_version();
+                    let stamp = Versionstamp::new(version, 0);
+                    let mut writes = req.write_conflicts;
+                    writes.extend(stamped_write_ranges(&req.mutations, &stamp));
+                    let mut target = TableTarget { table: &mut table };
+                    changes.extend(apply(&mut target, &req.mutations, &stamp, collect)?);
+                    self.resolver.record(version, writes, now);
+                    let info = CommitInfo { version: Some(version), versionstamp: Some(stamp) };
+                    accepted.push((job.reply, info));
+                }
+                meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
+            }
+            if accepted.is_empty() {
+                w.abort().map_err(storage)?;
+                return Ok(());
+            }
+            w.commit().map_err(storage)?;
+            Ok(())
+        })();
+        match outcome {
+            Ok(()) => {
+                if !accepted.is_empty() {
+                    self.stats.engine_commits.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .transactions_committed
+                        .fetch_add(accepted.len() as u64, Ordering::Relaxed);
+                }
+                self.watches.notify(&changes);
+                for (reply, info) in accepted {
+                    let _ = reply.send(Ok(info));
+                }
+            }
+            Err(e) => {
+                // Nothing of this batch is durable: the redb transaction was not committed.
+                // Its writes stay in the conflict history, which only costs spurious conflicts.
+                for (reply, _) in accepted {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}

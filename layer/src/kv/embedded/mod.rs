@@ -1,0 +1,261 @@
+//! The `embedded` backend — the zero-set-up default: the shared OCC resolver over a redb file,
+//! with **group commit**.
+//!
+//! Concurrent commits queue for one committer thread, which takes every commit waiting,
+//! resolves them in order against the conflict history, writes all that pass in **one** redb
+//! write transaction and makes it durable with **one** fsync (redb `Durability::Immediate`);
+//! only then is each commit acknowledged. Readers use redb read transactions (MVCC snapshots),
+//! whose version is stored in the same file, so a snapshot and its version always agree.
+//! A crash loses nothing acknowledged: redb's commit is atomic and durable, and reopening
+//! recovers the last durable commit. No write-ahead log of our own.
+
+mod committer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::oneshot;
+
+use self::committer::{Committer, Job};
+use super::error::{Error, Result};
+use super::local::watch::{WatchSender, Watches};
+use super::local::{CommitRequest, LocalStore, LocalTransaction, Snapshot};
+use super::{CommitInfo, Database, KvDatabase, KvTransaction};
+use crate::env::{BoxFuture, Rng, SharedClock};
+
+pub(crate) const DATA: TableDefinition<'static, &'static [u8], &'static [u8]> =
+    TableDefinition::new("kv");
+pub(crate) const META: TableDefinition<'static, &'static str, u64> = TableDefinition::new("meta");
+pub(crate) const META_VERSION: &str = "version";
+
+/// Most transactions written by one engine commit (one fsync).
+pub const GROUP_COMMIT_TRANSACTIONS_MAX: usize = 8_192;
+
+/// Counters of the group committer.
+#[derive(Debug, Default)]
+pub struct EmbeddedStats {
+    /// Transactions committed (acknowledged).
+    pub transactions_committed: AtomicU64,
+    /// Transactions rejected by the resolver (conflicts, too old).
+    pub transactions_rejected: AtomicU64,
+    /// Engine commits, i.e. fsyncs.
+    pub engine_commits: AtomicU64,
+}
+
+impl EmbeddedStats {
+    /// Mean acknowledged transactions per fsync so far.
+    pub fn transactions_per_fsync(&self) -> f64 {
+        let c = self.transactions_committed.load(Ordering::Relaxed) as f64;
+        let f = self.engine_commits.load(Ordering::Relaxed).max(1) as f64;
+        c / f
+    }
+}
+
+struct Shared {
+    db: Arc<redb::Database>,
+    clock: SharedClock,
+    watches: Arc<Watches>,
+    jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    committer: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+    stats: Arc<EmbeddedStats>,
+    path: PathBuf,
+}
+
+/// The embedded backend. Clone it to share one open file.
+#[derive(Clone)]
+pub struct EmbeddedDatabase {
+    shared: Arc<Shared>,
+    store: Arc<dyn LocalStore>,
+}
+
+impl std::fmt::Debug for EmbeddedDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedDatabase").field("path", &self.shared.path).finish()
+    }
+}
+
+fn storage<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Error {
+    move |e| Error::Storage(format!("{what}: {e}"))
+}
+
+impl EmbeddedDatabase {
+    /// Opens (or creates) the store at `path` (a file), recovering the last durable commit.
+    pub fn open(path: impl AsRef<Path>, clock: SharedClock) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::Storage(format!("cannot create directory {}: {e}", dir.display()))
+            })?;
+        }
+        let db = redb::Database::create(&path)
+            .map_err(|e| Error::Storage(format!("cannot open {}: {e}", path.display())))?;
+        let version = {
+            let w = db.begin_write().map_err(storage("begin write"))?;
+            let version = {
+                w.open_table(DATA).map_err(storage("open table"))?;
+                let meta = w.open_table(META).map_err(storage("open table"))?;
+                meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value())
+            };
+            w.commit().map_err(storage("commit"))?;
+            version
+        };
+        let db = Arc::new(db);
+        let watches = Arc::new(Watches::default());
+        let stats = Arc::new(EmbeddedStats::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let committer =
+            Committer::new(db.clone(), clock.clone(), watches.clone(), stats.clone(), version);
+        let handle = std::thread::Builder::new()
+            .name("kairos-group-commit".into())
+            .spawn(move || committer.run(rx))
+            .map_err(|e| Error::Storage(format!("cannot start the committer thread: {e}")))?;
+        let shared = Arc::new(Shared {
+            db,
+            clock,
+            watches,
+            jobs: Mutex::new(Some(tx)),
+            committer: Mutex::new(Some(handle)),
+            closed: AtomicBool::new(false),
+            stats,
+            path,
+        });
+        Ok(EmbeddedDatabase { store: Arc::new(Store(shared.clone())), shared })
+    }
+
+    /// Opens the store at `path` and wraps it in a [`Database`] handle.
+    pub fn open_database(path: impl AsRef<Path>, clock: SharedClock, rng: Rng) -> Result<Database> {
+        let edb = EmbeddedDatabase::open(path, clock.clone())?;
+        Ok(Database::new(Arc::new(edb), clock, rng))
+    }
+
+    /// The group committer's counters.
+    pub fn stats(&self) -> Arc<EmbeddedStats> {
+        self.shared.stats.clone()
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+}
+
+struct Store(Arc<Shared>);
+
+struct RedbSnapshot {
+    table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    version: u64,
+}
+
+impl Snapshot for RedbSnapshot {
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        let v = self.table.get(key).map_err(storage("read"))?;
+        Ok(v.map(|g| Bytes::copy_from_slice(g.value())))
+    }
+
+    fn scan(
+        &self,
+        begin: &[u8],
+        end: &[u8],
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        let range = self.table.range::<&[u8]>(begin..end).map_err(storage("range read"))?;
+        let mut each = |item: std::result::Result<_, redb::StorageError>| -> Result<bool> {
+            let (k, v): (redb::AccessGuard<&[u8]>, redb::AccessGuard<&[u8]>) =
+                item.map_err(storage("range read"))?;
+            Ok(visit(k.value(), v.value()))
+        };
+        if reverse {
+            for item in range.rev() {
+                if !each(item)? {
+                    break;
+                }
+            }
+        } else {
+            for item in range {
+                if !each(item)? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl LocalStore for Store {
+    fn clock(&self) -> &SharedClock {
+        &self.0.clock
+    }
+
+    fn snapshot(&self) -> Result<Arc<dyn Snapshot>> {
+        if self.0.closed.load(Ordering::Acquire) {
+            return Err(Error::DatabaseClosed);
+        }
+        let r = self.0.db.begin_read().map_err(storage("begin read"))?;
+        let table = r.open_table(DATA).map_err(storage("open table"))?;
+        let meta = r.open_table(META).map_err(storage("open table"))?;
+        let version =
+            meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value());
+        Ok(Arc::new(RedbSnapshot { table, version }))
+    }
+
+    fn commit(&self, req: CommitRequest) -> BoxFuture<'static, Result<CommitInfo>> {
+        let (reply, rx) = oneshot::channel();
+        let sent = {
+            let jobs = self.0.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            match jobs.as_ref() {
+                Some(tx) => tx.send(Job { req, reply }).is_ok(),
+                None => false,
+            }
+        };
+        Box::pin(async move {
+            if !sent {
+                return Err(Error::DatabaseClosed);
+            }
+            // A dropped reply means the committer stopped mid-batch: the outcome is unknown.
+            rx.await.unwrap_or(Err(Error::CommitUnknownResult))
+        })
+    }
+
+    fn register_watch(&self, key: Vec<u8>, expected: Option<Bytes>, tx: WatchSender) {
+        let current = self.snapshot().and_then(|s| s.get(&key));
+        match current {
+            Ok(current) => self.0.watches.register(key, expected, current, tx),
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+}
+
+impl KvDatabase for EmbeddedDatabase {
+    fn begin(&self) -> Result<Arc<dyn KvTransaction>> {
+        Ok(Arc::new(LocalTransaction::begin(self.store.clone())?))
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.shared.closed.store(true, Ordering::Release);
+            // Dropping the sender lets the committer finish what is queued, then exit.
+            self.shared.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let handle = self.shared.committer.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(h) = handle {
+                let _ = tokio::task::spawn_blocking(move || h.join()).await;
+            }
+            self.shared.watches.close();
+        })
+    }
+}

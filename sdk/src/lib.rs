@@ -1,0 +1,1 @@
+//! kairos-sdk: client and worker SDK over gRPC, and the `kairosctl` console. Arrives with the API issue.

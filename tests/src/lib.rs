@@ -1,0 +1,1 @@
+//! End-to-end tests that start real `kairos` processes; see `tests/tests/`.

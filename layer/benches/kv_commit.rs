@@ -80,7 +80,8 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
 }
 
 fn main() {
-    let secs: f64 = std::env::var("KAIROS_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let secs: f64 =
+        std::env::var("KAIROS_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         println!(
@@ -106,7 +107,8 @@ fn main() {
             }
             .expect("temp dir");
             let clock: SharedClock = Arc::new(SystemClock::default());
-            let edb = EmbeddedDatabase::open(dir.path().join("kv.redb"), clock.clone()).expect("open");
+            let edb =
+                EmbeddedDatabase::open(dir.path().join("kv.redb"), clock.clone()).expect("open");
             let stats = edb.stats();
             let db = Database::new(Arc::new(edb), clock, Rng::seeded(1));
             let o = phase(&db, writers, secs, keys).await;

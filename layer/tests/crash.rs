@@ -82,20 +82,32 @@ fn embedded_survives_sigkill() {
         }
         child.wait().unwrap();
 
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
         let missing = rt.block_on(async {
             let clock: SharedClock = Arc::new(SystemClock::default());
-            let db = EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(0))
-                .expect("reopen after SIGKILL");
+            let db =
+                EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(0))
+                    .expect("reopen after SIGKILL");
             let tx = db.begin().unwrap();
             let rows = tx.get_range(&RangeOption::prefix(b"ack/"), true).await.unwrap();
-            let present: std::collections::BTreeSet<Vec<u8>> = rows.into_iter().map(|kv| kv.key.to_vec()).collect();
-            let counter = kairos_layer::kv::decode_i64(tx.get(b"acked-count").await.unwrap().as_deref());
+            let present: std::collections::BTreeSet<Vec<u8>> =
+                rows.into_iter().map(|kv| kv.key.to_vec()).collect();
+            let counter =
+                kairos_layer::kv::decode_i64(tx.get(b"acked-count").await.unwrap().as_deref());
             assert_eq!(counter as usize, present.len(), "counter and keys committed together");
             db.close().await;
             acked.iter().filter(|k| !present.contains(k.as_bytes())).cloned().collect::<Vec<_>>()
         });
-        assert!(missing.is_empty(), "round {round}: {} acknowledged keys lost, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+        assert!(
+            missing.is_empty(),
+            "round {round}: {} acknowledged keys lost, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
     }
     assert!(acked.len() >= 3 * ACKS_BEFORE_KILL);
 }

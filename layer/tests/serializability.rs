@@ -101,7 +101,10 @@ async fn check(db: &Database) -> usize {
     let mut replay = vec![INITIAL; ACCOUNTS as usize];
     for kv in &log {
         let l = decode(&kv.value);
-        assert_eq!(replay[l.from as usize], l.from_before, "read of {l:?} matches the serial order");
+        assert_eq!(
+            replay[l.from as usize], l.from_before,
+            "read of {l:?} matches the serial order"
+        );
         assert_eq!(replay[l.to as usize], l.to_before, "read of {l:?} matches the serial order");
         assert!(l.from_before >= l.amount);
         replay[l.from as usize] -= l.amount;
@@ -135,7 +138,8 @@ fn memory_with_faults_is_serializable() {
             .unwrap();
         let applied = rt.block_on(async {
             let clock: SharedClock = Arc::new(TokioClock::starting_at(Timestamp::from_millis(0)));
-            let faults = if seed % 3 == 0 { FaultConfig::all(0.05) } else { FaultConfig::from_seed(seed) };
+            let faults =
+                if seed % 3 == 0 { FaultConfig::all(0.05) } else { FaultConfig::from_seed(seed) };
             let db = MemoryDatabase::open(clock, Rng::seeded(seed), faults);
             run_workload(db, seed, 16, 25).await
         });
@@ -147,7 +151,8 @@ fn memory_with_faults_is_serializable() {
 async fn embedded_is_serializable() {
     let dir = tempfile::tempdir().unwrap();
     let clock: SharedClock = Arc::new(kairos_layer::env::SystemClock::default());
-    let db = EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(9)).unwrap();
+    let db =
+        EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(9)).unwrap();
     let applied = run_workload(db, 9, 16, 25).await;
     assert!(applied > 50, "only {applied} transfers applied");
 }

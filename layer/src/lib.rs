@@ -1,11 +1,13 @@
 //! kairos-layer: the transactional layer of Kairos.
 //!
 //! - [`kv`]: the KV trait with FoundationDB semantics and its backends (memory, embedded, fdb).
-//! - [`tuple`]: FoundationDB tuple encoding, so keys are byte-identical on every backend.
-//! - [`env`]: the injected clock and random source.
+//! - [`mod@tuple`]: FoundationDB tuple encoding, so keys are byte-identical on every backend.
+//! - [`mod@env`]: the injected clock and random source.
 
 #![warn(missing_docs)]
 
 pub mod env;
+pub mod ids;
 pub mod kv;
+pub mod state;
 pub mod tuple;

@@ -434,3 +434,106 @@ fn memory_faults_are_injected_and_retried() {
         assert!(n > runs, "some commits applied but reported unknown were retried: {n}");
     });
 }
+
+// FoundationDB: built with `--features fdb`, run only when `FDB_CLUSTER_FILE` names a cluster
+// file. The suite uses plain keys ("a", "k", ...), so every fdb test CLEARS THE WHOLE NORMAL
+// KEYSPACE [b"", b"\xff") first: run the fdb conformance tests ONLY against a throwaway
+// cluster. The fdb tests are serialized (they share that keyspace).
+
+/// A fresh FoundationDB harness: the cluster of `FDB_CLUSTER_FILE`, its keyspace cleared.
+/// The retry loop backs off on the real clock (FoundationDB runs in real time); the harness
+/// clock is unused by the fdb tests.
+#[cfg(feature = "fdb")]
+fn fdb() -> Harness {
+    let cluster_file = std::env::var("FDB_CLUSTER_FILE").expect("FDB_CLUSTER_FILE is set");
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let backoff: SharedClock = Arc::new(kairos_layer::env::SystemClock::default());
+    let db = kairos_layer::kv::fdb::FdbDatabase::open_database(
+        Some(&cluster_file),
+        backoff,
+        Rng::seeded(1),
+    )
+    .expect("open fdb");
+    tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(async {
+            let tx = db.begin().unwrap();
+            tx.clear_range(b"", b"\xff").unwrap();
+            tx.commit().await.expect("clear the keyspace");
+        })
+    });
+    Harness { db, clock, _dir: None }
+}
+
+#[cfg(feature = "fdb")]
+mod fdb {
+    use super::*;
+    use kairos_layer::env::{Clock, SystemClock};
+
+    /// One fdb test at a time: they all use (and clear) the same keyspace.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    fn cluster_configured() -> bool {
+        if std::env::var_os("FDB_CLUSTER_FILE").is_none() {
+            eprintln!("skipped: FDB_CLUSTER_FILE not set");
+            return false;
+        }
+        true
+    }
+
+    macro_rules! fdb_tests {
+        ($($name:ident),*) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if !cluster_configured() {
+                        return;
+                    }
+                    let _serial = SERIAL.lock().await;
+                    suite::$name(super::fdb()).await;
+                }
+            )*
+        };
+    }
+
+    // `suite::transaction_too_old_after_five_seconds` is excluded: it moves a ManualClock,
+    // which cannot move FoundationDB's time. The variant below really waits.
+    fdb_tests!(
+        read_your_writes,
+        snapshot_isolation,
+        read_write_conflict_aborts_one,
+        run_retries_conflicts,
+        snapshot_reads_do_not_conflict,
+        explicit_conflict_ranges_conflict,
+        range_reads_edges,
+        atomic_add_under_concurrency,
+        versionstamps_unique_and_increasing,
+        watch_fires_on_change_only,
+        limits_rejected,
+        misuse_and_close
+    );
+
+    /// FoundationDB's 5 s window, in real time (the test waits 6 s). Unlike the local backends,
+    /// FoundationDB buffers writes client-side, so a `set` on a too-old transaction succeeds
+    /// and only reads and the commit fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transaction_too_old_after_five_seconds() {
+        if !cluster_configured() {
+            return;
+        }
+        let _serial = SERIAL.lock().await;
+        let h = super::fdb();
+        let db = &h.db;
+        put(db, &[("a", "1"), ("b", "1")]).await;
+        let tx = db.begin().unwrap();
+        tx.get(b"a").await.unwrap();
+        SystemClock::default().sleep(Duration::from_secs(6)).await;
+        // A key not read yet: a key already read is served from the transaction's cache.
+        let e = tx.get(b"b").await.unwrap_err();
+        assert!(matches!(e, Error::TransactionTooOld { .. }) && e.code() == 1007, "{e}");
+        assert!(e.is_retryable());
+        tx.set(b"a", b"2").expect("FoundationDB buffers writes of a too-old transaction");
+        assert_eq!(tx.commit().await.unwrap_err().code(), 1007);
+        // The retry loop recovers: a fresh transaction has a fresh read version.
+        db.run(|tx| async move { tx.set(b"a", b"3") }).await.unwrap();
+    }
+}

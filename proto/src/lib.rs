@@ -1,1 +1,13 @@
-//! kairos-proto: the `kairos.v1` gRPC API (.proto files and generated code). The services arrive with the API issue.
+//! kairos-proto: Kairos's protobuf messages, generated from the `.proto` files beside this
+//! crate. No logic lives here.
+//!
+//! - [`storage::v1`]: the records stored in the keyspace (`kairos/storage/v1/records.proto`).
+
+/// Records stored in the keyspace.
+pub mod storage {
+    /// Version 1 of the stored records.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        include!(concat!(env!("OUT_DIR"), "/kairos.storage.v1.rs"));
+    }
+}

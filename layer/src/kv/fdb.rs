@@ -1,1 +1,466 @@
-//! The `fdb` backend (being written).
+//! The `fdb` backend: a thin adapter from [`KvDatabase`] / [`KvTransaction`] to FoundationDB
+//! through the `foundationdb` crate (client API version 730, FoundationDB 7.3).
+//!
+//! FoundationDB already has the semantics the trait describes (serializable OCC, snapshot
+//! reads, read-your-writes, atomic ops, versionstamps, watches, the 5 s window), so this file
+//! mostly forwards calls. What it adds:
+//!
+//! - **Limits checked up front** with [`limits`](super::limits) (key, value, range, versionstamp
+//!   offset, and the transaction size counted exactly as the local backends count it), so every
+//!   backend rejects the same input with the same error, synchronously. FoundationDB's own
+//!   checks stay behind as a backstop (it would report most of them only at commit).
+//! - **The read version is requested at [`begin`](KvDatabase::begin)** (without waiting for it),
+//!   as the local backends take their snapshot there; FoundationDB would otherwise fetch it
+//!   lazily at the first read or at commit.
+//! - **Use after commit** fails with `TransactionCancelled`, as on the local backends
+//!   (`foundationdb::Transaction::commit` consumes the transaction).
+//! - **`close`**: new transactions and commits fail with `DatabaseClosed` and pending watches
+//!   resolve with `DatabaseClosed` (FoundationDB has no notion of closing a database handle).
+//! - **Errors** are mapped from FoundationDB codes to [`Error`] (see [`fdb_error`]).
+//!
+//! # Linking and the network thread
+//! Building with `--features fdb` links **`libfdb_c`** (the FoundationDB client library,
+//! package `foundationdb-clients` 7.3 or newer); `cargo check` only needs libclang (bindgen),
+//! linking and running need the library. The FoundationDB network thread is started the
+//! first time a database is opened and kept in a process-wide [`OnceLock`]: it is never
+//! stopped explicitly and ends when the process exits. FoundationDB allows selecting the API
+//! version once per process, so nothing else in the process may boot the `foundationdb` crate.
+//!
+//! # Tests
+//! The KV conformance suite runs against FoundationDB when built with the feature and
+//! `FDB_CLUSTER_FILE` names a cluster file (otherwise each fdb test prints
+//! `skipped: FDB_CLUSTER_FILE not set` and passes). The tests **clear the whole normal
+//! keyspace** before each test, so point them at a throwaway cluster only:
+//!
+//! ```text
+//! FDB_CLUSTER_FILE=/path/to/throwaway/fdb.cluster \
+//!     cargo test -p kairos-layer --features fdb --test conformance fdb::
+//! ```
+//!
+//! # Differences from the local backends
+//! - Once a transaction is older than 5 s, FoundationDB fails its reads and its commit with
+//!   `TransactionTooOld`, but writes (`set`, `clear`, ...) are buffered client-side and do
+//!   not fail; the local backends fail every operation. The window is FoundationDB's own
+//!   (measured in versions, about 5 s of real time), not the injected clock.
+//! - Keys from `\xff` (the system keyspace) are refused by FoundationDB (`key_outside_legal_range`,
+//!   2004, passed through as [`Error::Other`]); the local backends accept them.
+//! - A watch whose transaction is dropped without committing fails with `TransactionCancelled`
+//!   (FoundationDB's behaviour), where the local backends report `DatabaseClosed`.
+//! - When FoundationDB itself reports a key, value or transaction size error, it does not say
+//!   the size: `size` is then this adapter's running count (transaction) or 0 (key, value).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use bytes::Bytes;
+use foundationdb::api::{FdbApiBuilder, NetworkAutoStop};
+use foundationdb::options::{ConflictRangeType, MutationType, StreamingMode};
+use foundationdb::{FdbError, KeySelector};
+
+use super::error::{Error, Result};
+use super::limits::{
+    KEY_BYTES_MAX, MUTATION_OVERHEAD_BYTES, TRANSACTION_AGE_MAX_MS, TRANSACTION_BYTES_MAX,
+    VALUE_BYTES_MAX, VERSIONSTAMP_BYTES, check_key, check_range, check_value,
+    check_versionstamp_offset,
+};
+use super::{
+    CommitInfo, Database, KeyValue, KvDatabase, KvTransaction, RangeOption, Versionstamp, Watch,
+};
+use crate::env::{BoxFuture, Rng, SharedClock};
+
+/// The FoundationDB network: booted once per process, never dropped (the network thread ends
+/// with the process). Holds the boot error if the client library refused to start.
+static NETWORK: OnceLock<std::result::Result<NetworkAutoStop, FdbError>> = OnceLock::new();
+
+/// Boots the FoundationDB network thread if it is not running yet.
+fn network() -> Result<()> {
+    let booted = NETWORK.get_or_init(|| {
+        let builder = FdbApiBuilder::default().build()?;
+        // SAFETY: `boot` is unsafe because the returned guard should be dropped (stopping the
+        // network) before the process exits. The guard lives in a static and is never
+        // dropped: the network thread runs for the life of the process and ends with it.
+        unsafe { builder.boot() }
+    });
+    booted.as_ref().map(|_| ()).map_err(|e| fdb_error(*e))
+}
+
+/// Maps a FoundationDB error to the KV layer's [`Error`] (same codes; sizes FoundationDB does
+/// not report are 0).
+pub fn fdb_error(e: FdbError) -> Error {
+    match e.code() {
+        1007 => Error::TransactionTooOld { window_ms: TRANSACTION_AGE_MAX_MS },
+        1020 => Error::NotCommitted,
+        1021 => Error::CommitUnknownResult,
+        1025 => Error::TransactionCancelled("transaction cancelled by FoundationDB"),
+        1031 => Error::TimedOut,
+        1036 => Error::AccessedUnreadable,
+        2000 => Error::InvalidOperation(e.message().to_string()),
+        2005 => Error::InvertedRange,
+        2101 => Error::TransactionTooLarge { size: 0, limit: TRANSACTION_BYTES_MAX },
+        2102 => Error::KeyTooLarge { size: 0, limit: KEY_BYTES_MAX },
+        2103 => Error::ValueTooLarge { size: 0, limit: VALUE_BYTES_MAX },
+        code => Error::Other {
+            code,
+            message: e.message().to_string(),
+            retryable: e.is_retryable(),
+            maybe_committed: e.is_maybe_committed(),
+        },
+    }
+}
+
+const USED_AFTER_COMMIT: &str = "transaction used after commit";
+
+struct Shared {
+    db: foundationdb::Database,
+    cluster_file: Option<String>,
+    closed: AtomicBool,
+    /// Flips to `true` on `close`; pending watches listen to it.
+    close_signal: tokio::sync::watch::Sender<bool>,
+}
+
+/// The FoundationDB backend. Clone it to share one database handle.
+#[derive(Clone)]
+pub struct FdbDatabase {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for FdbDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FdbDatabase").field("cluster_file", &self.shared.cluster_file).finish()
+    }
+}
+
+impl FdbDatabase {
+    /// Opens the database of the cluster file `cluster_file` (`None`: FoundationDB's default,
+    /// `FDB_CLUSTER_FILE` or the platform's default path), booting the network thread on first
+    /// use. Does not wait for the cluster to be reachable: the first transaction does.
+    pub fn open(cluster_file: Option<&str>) -> Result<Self> {
+        if cluster_file.is_some_and(|p| p.contains('\0')) {
+            return Err(Error::InvalidOperation("cluster file path contains a NUL byte".into()));
+        }
+        network()?;
+        let db = foundationdb::Database::new(cluster_file).map_err(fdb_error)?;
+        let (close_signal, _) = tokio::sync::watch::channel(false);
+        Ok(FdbDatabase {
+            shared: Arc::new(Shared {
+                db,
+                cluster_file: cluster_file.map(str::to_owned),
+                closed: AtomicBool::new(false),
+                close_signal,
+            }),
+        })
+    }
+
+    /// Opens the database of `cluster_file` and wraps it in a [`Database`] handle; `clock`
+    /// and `rng` drive the retry loop's back-off.
+    pub fn open_database(
+        cluster_file: Option<&str>,
+        clock: SharedClock,
+        rng: Rng,
+    ) -> Result<Database> {
+        let db = FdbDatabase::open(cluster_file)?;
+        Ok(Database::new(Arc::new(db), clock, rng))
+    }
+
+    /// The cluster file this database was opened with (`None`: FoundationDB's default).
+    pub fn cluster_file(&self) -> Option<&str> {
+        self.shared.cluster_file.as_deref()
+    }
+}
+
+impl KvDatabase for FdbDatabase {
+    fn begin(&self) -> Result<Arc<dyn KvTransaction>> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(Error::DatabaseClosed);
+        }
+        let trx = self.shared.db.create_trx().map_err(fdb_error)?;
+        // Start fetching the read version now, so the transaction reads the database as of
+        // `begin` (like the local backends' snapshot), not as of its first read. Reads and
+        // the commit use the same version; the future is only kept so the request stays alive.
+        let read_version: BoxFuture<'static, _> = Box::pin(trx.get_read_version());
+        Ok(Arc::new(FdbTransaction {
+            state: Mutex::new(State {
+                read_version: Some(read_version),
+                trx: Some(trx),
+                size_bytes: 0,
+                wrote: false,
+            }),
+            shared: self.shared.clone(),
+        }))
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "fdb"
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.shared.closed.store(true, Ordering::Release);
+            self.shared.close_signal.send_replace(true);
+        })
+    }
+}
+
+struct State {
+    /// The read version requested at `begin` (dropped before the transaction).
+    read_version: Option<BoxFuture<'static, std::result::Result<i64, FdbError>>>,
+    /// `None` once committed.
+    trx: Option<foundationdb::Transaction>,
+    /// Mutations and conflict ranges so far, counted as the local backends count them.
+    size_bytes: usize,
+    /// Whether any mutation was issued (a versionstamp is then requested at commit).
+    wrote: bool,
+}
+
+/// A transaction of the [`FdbDatabase`] backend: a `foundationdb::Transaction` behind a mutex
+/// (the trait's methods take `&self`; FoundationDB's commit consumes the transaction).
+pub struct FdbTransaction {
+    // Dropped before `shared`, so the transaction goes before its database handle.
+    state: Mutex<State>,
+    shared: Arc<Shared>,
+}
+
+impl FdbTransaction {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the open transaction after counting `grow` bytes toward the transaction
+    /// size; fails if the transaction was committed or would exceed the size limit.
+    fn with_trx<T>(
+        &self,
+        grow: usize,
+        write: bool,
+        f: impl FnOnce(&foundationdb::Transaction) -> T,
+    ) -> Result<T> {
+        let mut st = self.lock();
+        let State { trx, size_bytes, wrote, .. } = &mut *st;
+        let trx = trx.as_ref().ok_or(Error::TransactionCancelled(USED_AFTER_COMMIT))?;
+        let size = *size_bytes + grow;
+        if size > TRANSACTION_BYTES_MAX {
+            return Err(Error::TransactionTooLarge { size, limit: TRANSACTION_BYTES_MAX });
+        }
+        *size_bytes = size;
+        *wrote |= write;
+        Ok(f(trx))
+    }
+
+    /// Counts a range read's conflict range toward the transaction size.
+    fn grow(&self, bytes: usize) -> Result<()> {
+        let mut st = self.lock();
+        let size = st.size_bytes + bytes;
+        if size > TRANSACTION_BYTES_MAX {
+            return Err(Error::TransactionTooLarge { size, limit: TRANSACTION_BYTES_MAX });
+        }
+        st.size_bytes = size;
+        Ok(())
+    }
+
+    /// Buffers a mutation on `key` (write conflict `[key, key\0)`) carrying `payload` bytes.
+    fn mutate(
+        &self,
+        key: &[u8],
+        payload: usize,
+        f: impl FnOnce(&foundationdb::Transaction),
+    ) -> Result<()> {
+        let grow = 2 * key.len() + 1 + payload + MUTATION_OVERHEAD_BYTES;
+        self.with_trx(grow, true, f)
+    }
+}
+
+/// `bytes` followed by `offset` as 4 little-endian bytes: FoundationDB's (API >= 520)
+/// encoding of a versionstamp position in a versionstamped key or value.
+fn with_offset(bytes: &[u8], offset: usize) -> Result<Vec<u8>> {
+    let offset = u32::try_from(offset)
+        .map_err(|_| Error::InvalidOperation(format!("versionstamp offset {offset} too large")))?;
+    let mut out = Vec::with_capacity(bytes.len() + 4);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(&offset.to_le_bytes());
+    Ok(out)
+}
+
+impl KvTransaction for FdbTransaction {
+    fn read_version(&self) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(async move {
+            let fut = self.with_trx(0, false, |t| t.get_read_version())?;
+            let v = fut.await.map_err(fdb_error)?;
+            u64::try_from(v).map_err(|_| Error::Storage(format!("negative read version {v}")))
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a [u8], snapshot: bool) -> BoxFuture<'a, Result<Option<Bytes>>> {
+        Box::pin(async move {
+            check_key(key)?;
+            let conflict = if snapshot { 0 } else { 2 * key.len() + 1 };
+            let fut = self.with_trx(conflict, false, |t| t.get(key, snapshot))?;
+            let v = fut.await.map_err(fdb_error)?;
+            Ok(v.map(|s| Bytes::copy_from_slice(&s)))
+        })
+    }
+
+    fn get_range<'a>(
+        &'a self,
+        range: &'a RangeOption,
+        snapshot: bool,
+    ) -> BoxFuture<'a, Result<Vec<KeyValue>>> {
+        Box::pin(async move {
+            check_range(&range.begin, &range.end)?;
+            self.with_trx(0, false, |_| ())?;
+            if range.begin == range.end {
+                return Ok(Vec::new());
+            }
+            let mut opt = foundationdb::RangeOption {
+                begin: KeySelector::first_greater_or_equal(range.begin.as_slice()),
+                end: KeySelector::first_greater_or_equal(range.end.as_slice()),
+                limit: (range.limit != 0).then_some(range.limit),
+                mode: StreamingMode::WantAll,
+                reverse: range.reverse,
+                ..Default::default()
+            };
+            let mut out: Vec<KeyValue> = Vec::new();
+            // Fetch page after page until FoundationDB reports no more or the limit is reached.
+            let mut iteration = 1;
+            loop {
+                let fut = self.with_trx(0, false, |t| t.get_range(&opt, iteration, snapshot))?;
+                let page = fut.await.map_err(fdb_error)?;
+                out.extend(page.iter().map(|kv| KeyValue {
+                    key: Bytes::copy_from_slice(kv.key()),
+                    value: Bytes::copy_from_slice(kv.value()),
+                }));
+                let Some(next) = opt.next_range(&page) else { break };
+                opt = next;
+                iteration += 1;
+            }
+            if range.limit != 0 {
+                out.truncate(range.limit);
+            }
+            if !snapshot {
+                // The conflict range FoundationDB adds: up to the last key returned when the
+                // limit cut the read short, the whole range otherwise.
+                let cut = range.limit != 0 && out.len() >= range.limit;
+                let bytes = match (cut, out.last()) {
+                    (true, Some(last)) if range.reverse => last.key.len() + range.end.len(),
+                    (true, Some(last)) => range.begin.len() + last.key.len() + 1,
+                    _ => range.begin.len() + range.end.len(),
+                };
+                self.grow(bytes)?;
+            }
+            Ok(out)
+        })
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        check_value(value)?;
+        self.mutate(key, value.len(), |t| t.set(key, value))
+    }
+
+    fn clear(&self, key: &[u8]) -> Result<()> {
+        check_key(key)?;
+        self.mutate(key, 0, |t| t.clear(key))
+    }
+
+    fn clear_range(&self, begin: &[u8], end: &[u8]) -> Result<()> {
+        check_range(begin, end)?;
+        if begin == end {
+            return self.with_trx(0, false, |_| ());
+        }
+        let grow = begin.len() + end.len() + MUTATION_OVERHEAD_BYTES;
+        self.with_trx(grow, true, |t| t.clear_range(begin, end))
+    }
+
+    fn atomic_add(&self, key: &[u8], param: &[u8]) -> Result<()> {
+        check_key(key)?;
+        check_value(param)?;
+        self.mutate(key, param.len(), |t| t.atomic_op(key, param, MutationType::Add))
+    }
+
+    fn set_versionstamped_key(&self, key: &[u8], offset: usize, value: &[u8]) -> Result<()> {
+        check_key(key)?;
+        check_value(value)?;
+        check_versionstamp_offset(key, offset)?;
+        let stamped = with_offset(key, offset)?;
+        // No write conflict range is known before commit; counted as the local backends do.
+        let grow = key.len() + value.len() + MUTATION_OVERHEAD_BYTES;
+        self.with_trx(grow, true, |t| {
+            t.atomic_op(&stamped, value, MutationType::SetVersionstampedKey)
+        })
+    }
+
+    fn set_versionstamped_value(&self, key: &[u8], value: &[u8], offset: usize) -> Result<()> {
+        check_key(key)?;
+        check_value(value)?;
+        check_versionstamp_offset(value, offset)?;
+        let param = with_offset(value, offset)?;
+        self.mutate(key, value.len(), |t| {
+            t.atomic_op(key, &param, MutationType::SetVersionstampedValue)
+        })
+    }
+
+    fn add_read_conflict_range(&self, begin: &[u8], end: &[u8]) -> Result<()> {
+        check_range(begin, end)?;
+        if begin == end {
+            return self.with_trx(0, false, |_| ());
+        }
+        self.with_trx(begin.len() + end.len(), false, |t| {
+            t.add_conflict_range(begin, end, ConflictRangeType::Read)
+        })?
+        .map_err(fdb_error)
+    }
+
+    fn watch(&self, key: &[u8]) -> Result<Watch> {
+        check_key(key)?;
+        let fut = self.with_trx(0, false, |t| t.watch(key))?;
+        let mut closed = self.shared.close_signal.subscribe();
+        Ok(Watch::new(Box::pin(async move {
+            tokio::select! {
+                biased;
+                // Disabled (never fires) if the database handle is dropped without `close`.
+                Ok(_) = closed.wait_for(|closed| *closed) => Err(Error::DatabaseClosed),
+                r = fut => r.map_err(fdb_error),
+            }
+        })))
+    }
+
+    fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>> {
+        Box::pin(async move {
+            let (trx, size, wrote) = {
+                let mut st = self.lock();
+                let trx = st.trx.take().ok_or(Error::TransactionCancelled(USED_AFTER_COMMIT))?;
+                st.read_version = None;
+                (trx, st.size_bytes, st.wrote)
+            };
+            if self.shared.closed.load(Ordering::Acquire) {
+                return Err(Error::DatabaseClosed);
+            }
+            // Must be requested before the commit; resolves once the commit succeeds.
+            let stamp = wrote.then(|| trx.get_versionstamp());
+            let committed = trx.commit().await.map_err(|e| match fdb_error(*e) {
+                Error::TransactionTooLarge { limit, .. } => {
+                    Error::TransactionTooLarge { size, limit }
+                }
+                other => other,
+            })?;
+            let version = committed.committed_version().map_err(fdb_error)?;
+            // -1: nothing was written (read-only), so no version and no versionstamp.
+            let Ok(version) = u64::try_from(version) else {
+                return Ok(CommitInfo::default());
+            };
+            let versionstamp = match stamp {
+                Some(fut) => {
+                    let s = fut.await.map_err(fdb_error)?;
+                    let b = <[u8; VERSIONSTAMP_BYTES]>::try_from(&s[..]).map_err(|_| {
+                        Error::Storage(format!(
+                            "FoundationDB returned a {}-byte versionstamp",
+                            s.len()
+                        ))
+                    })?;
+                    Some(Versionstamp(b))
+                }
+                None => None,
+            };
+            drop(committed);
+            Ok(CommitInfo { version: Some(version), versionstamp })
+        })
+    }
+}

@@ -8,6 +8,7 @@
 
 pub mod env;
 pub mod ids;
+pub mod keys;
 pub mod kv;
 pub mod state;
 pub mod tuple;

@@ -1,0 +1,481 @@
+//! The keyspace: the single owner of Kairos's key layout.
+//!
+//! Every key is a FoundationDB tuple under the cluster root `("kairos", <cluster>)`, starting
+//! with a [`Tag`] naming its subspace. Tags are never reused: a retired tag stays reserved in
+//! the enum. `ns` is the namespace, `ms` are milliseconds since the Unix epoch.
+//!
+//! | tag | subspace | key (after the root) | value |
+//! |---|---|---|---|
+//! | 1 | cluster | `(1, "config")` | `ClusterConfig` (shard count, bucket width: fixed at creation) |
+//! | 2 | execution | `(2, ns, execution_id)` | `Execution` |
+//! | 3 | attempt | `(3, ns, execution_id, attempt_no)` | `Attempt` |
+//! | 4 | idempotency | `(4, ns, idempotency_key)` | `IdempotencyRecord` (execution id + request fingerprint) |
+//! | 5 | timer | `(5, bucket, shard, fire_at_ms, execution_id, kind)` | `TimerEntry` |
+//! | 6 | ready | `(6, ns, queue, ready_at_ms, execution_id)` | empty |
+//! | 7 | shard lease | `(7, shard)` | `ShardLease` (owner, epoch, expires_at) |
+//! | 8 | watermark | `(8, shard)` | i64 bucket, big-endian: lowest bucket that may hold timers |
+//! | 9 | node | `(9, node_id)` | `Node` |
+//! | 10 | cron job | `(10, ns, cron_job_id)` | Cron Job (reserved for the cron service) |
+//! | 11 | cron timer | `(11, bucket, shard, fire_at_ms, cron_job_id)` | reserved for the cron service |
+//! | 12 | definition | `(12, ns, name, version)` | `JobDefinition` |
+//! | 13 | by status | `(13, ns, status, execute_at_ms, execution_id)` | empty (index) |
+//! | 14 | by definition | `(14, ns, definition_name, execute_at_ms, execution_id)` | empty (index) |
+//! | 15 | by time | `(15, ns, execute_at_ms, execution_id)` | empty (index) |
+//! | 16 | ready signal | `(16, ns, queue)` | i64 counter (little-endian), bumped when work becomes ready; dispatchers watch it |
+//!
+//! `bucket = floor(fire_at_ms / bucket_width_ms)`, `shard = fnv1a64(execution_id) mod
+//! shard_count` ([`crate::ids`]). The timer key order `(bucket, shard, fire_at)` lets a shard
+//! owner scan `(b, s, *)` for buckets from its watermark up to now.
+
+use foundationdb_tuple::{Subspace, TuplePack, TupleUnpack};
+
+use crate::kv::RangeOption;
+
+/// Subspace tags. Never reuse a value; retire by commenting, keeping the number reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(i64)]
+pub enum Tag {
+    /// Cluster configuration.
+    Cluster = 1,
+    /// Execution records.
+    Execution = 2,
+    /// Attempt records.
+    Attempt = 3,
+    /// Idempotency keys.
+    Idempotency = 4,
+    /// The timer index.
+    Timer = 5,
+    /// Ready queues.
+    Ready = 6,
+    /// Shard ownership leases.
+    ShardLease = 7,
+    /// Per-shard timer watermarks.
+    Watermark = 8,
+    /// Node records.
+    Node = 9,
+    /// Cron jobs.
+    CronJob = 10,
+    /// Cron timer index.
+    CronTimer = 11,
+    /// Job definitions.
+    Definition = 12,
+    /// Executions by status.
+    ByStatus = 13,
+    /// Executions by definition.
+    ByDefinition = 14,
+    /// Executions by execute_at.
+    ByTime = 15,
+    /// Ready-work counters.
+    ReadySignal = 16,
+}
+
+impl Tag {
+    /// Every tag, in value order.
+    pub const ALL: [Tag; 16] = [
+        Tag::Cluster,
+        Tag::Execution,
+        Tag::Attempt,
+        Tag::Idempotency,
+        Tag::Timer,
+        Tag::Ready,
+        Tag::ShardLease,
+        Tag::Watermark,
+        Tag::Node,
+        Tag::CronJob,
+        Tag::CronTimer,
+        Tag::Definition,
+        Tag::ByStatus,
+        Tag::ByDefinition,
+        Tag::ByTime,
+        Tag::ReadySignal,
+    ];
+}
+
+/// A decoded timer key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TimerKey {
+    /// Time bucket (possibly clamped up to the shard's watermark).
+    pub bucket: i64,
+    /// Logical shard.
+    pub shard: u32,
+    /// When it fires.
+    pub fire_at_ms: i64,
+    /// The execution.
+    pub execution_id: String,
+    /// `TimerKind` as its protobuf number.
+    pub kind: i32,
+}
+
+/// A decoded ready-queue key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Queue.
+    pub queue: String,
+    /// When it became ready.
+    pub ready_at_ms: i64,
+    /// The execution.
+    pub execution_id: String,
+}
+
+/// The key layout of one cluster.
+#[derive(Debug, Clone)]
+pub struct Keyspace {
+    root: Subspace,
+}
+
+/// A key could not be decoded: data corruption or a foreign key in our range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("undecodable key in subspace {subspace}: {reason}")]
+pub struct KeyError {
+    /// The subspace expected.
+    pub subspace: &'static str,
+    /// What failed.
+    pub reason: String,
+}
+
+impl Keyspace {
+    /// The keyspace of cluster `cluster` (`"default"` for a single embedded node).
+    pub fn new(cluster: &str) -> Self {
+        Keyspace { root: Subspace::all().subspace(&("kairos", cluster)) }
+    }
+
+    fn key<T: TuplePack>(&self, tag: Tag, rest: T) -> Vec<u8> {
+        self.root.subspace(&(tag as i64)).pack(&rest)
+    }
+
+    fn prefix<T: TuplePack>(&self, tag: Tag, rest: T) -> RangeOption {
+        let (b, e) = self.root.subspace(&(tag as i64)).subspace(&rest).range();
+        RangeOption::new(b, e)
+    }
+
+    fn unpack<'a, T: TupleUnpack<'a>>(&self, tag: Tag, key: &'a [u8]) -> Result<T, KeyError> {
+        self.root
+            .subspace(&(tag as i64))
+            .unpack(key)
+            .map_err(|e| KeyError { subspace: tag_name(tag), reason: e.to_string() })
+    }
+
+    /// The whole subspace of `tag`.
+    pub fn subspace_range(&self, tag: Tag) -> RangeOption {
+        let (b, e) = self.root.subspace(&(tag as i64)).range();
+        RangeOption::new(b, e)
+    }
+
+    /// The cluster configuration key.
+    pub fn cluster(&self) -> Vec<u8> {
+        self.key(Tag::Cluster, "config")
+    }
+
+    /// An execution record.
+    pub fn execution(&self, ns: &str, id: &str) -> Vec<u8> {
+        self.key(Tag::Execution, (ns, id))
+    }
+
+    /// An attempt record.
+    pub fn attempt(&self, ns: &str, id: &str, number: u32) -> Vec<u8> {
+        self.key(Tag::Attempt, (ns, id, number))
+    }
+
+    /// All attempts of an execution.
+    pub fn attempts(&self, ns: &str, id: &str) -> RangeOption {
+        self.prefix(Tag::Attempt, (ns, id))
+    }
+
+    /// An idempotency key.
+    pub fn idempotency(&self, ns: &str, key: &str) -> Vec<u8> {
+        self.key(Tag::Idempotency, (ns, key))
+    }
+
+    /// A timer.
+    pub fn timer(&self, t: &TimerKey) -> Vec<u8> {
+        self.key(Tag::Timer, (t.bucket, t.shard, t.fire_at_ms, t.execution_id.as_str(), t.kind))
+    }
+
+    /// Timers of `(bucket, shard)`.
+    pub fn timer_bucket(&self, bucket: i64, shard: u32) -> RangeOption {
+        self.prefix(Tag::Timer, (bucket, shard))
+    }
+
+    /// Timers of `(bucket, shard)` firing at or before `now_ms`.
+    pub fn timers_due(&self, bucket: i64, shard: u32, now_ms: i64) -> RangeOption {
+        let all = self.timer_bucket(bucket, shard);
+        let end = self.key(Tag::Timer, (bucket, shard, now_ms.saturating_add(1)));
+        RangeOption::new(all.begin, end)
+    }
+
+    /// Decodes a timer key.
+    pub fn parse_timer(&self, key: &[u8]) -> Result<TimerKey, KeyError> {
+        let (bucket, shard, fire_at_ms, execution_id, kind) =
+            self.unpack::<(i64, u32, i64, String, i32)>(Tag::Timer, key)?;
+        Ok(TimerKey { bucket, shard, fire_at_ms, execution_id, kind })
+    }
+
+    /// A ready-queue entry.
+    pub fn ready(&self, r: &ReadyKey) -> Vec<u8> {
+        self.key(
+            Tag::Ready,
+            (r.namespace.as_str(), r.queue.as_str(), r.ready_at_ms, r.execution_id.as_str()),
+        )
+    }
+
+    /// A ready queue, oldest first.
+    pub fn ready_queue(&self, ns: &str, queue: &str) -> RangeOption {
+        self.prefix(Tag::Ready, (ns, queue))
+    }
+
+    /// Decodes a ready key.
+    pub fn parse_ready(&self, key: &[u8]) -> Result<ReadyKey, KeyError> {
+        let (namespace, queue, ready_at_ms, execution_id) =
+            self.unpack::<(String, String, i64, String)>(Tag::Ready, key)?;
+        Ok(ReadyKey { namespace, queue, ready_at_ms, execution_id })
+    }
+
+    /// The ready-work counter of a queue.
+    pub fn ready_signal(&self, ns: &str, queue: &str) -> Vec<u8> {
+        self.key(Tag::ReadySignal, (ns, queue))
+    }
+
+    /// A shard's lease.
+    pub fn shard_lease(&self, shard: u32) -> Vec<u8> {
+        self.key(Tag::ShardLease, shard)
+    }
+
+    /// All shard leases.
+    pub fn shard_leases(&self) -> RangeOption {
+        self.subspace_range(Tag::ShardLease)
+    }
+
+    /// A shard's watermark.
+    pub fn watermark(&self, shard: u32) -> Vec<u8> {
+        self.key(Tag::Watermark, shard)
+    }
+
+    /// A node record.
+    pub fn node(&self, node_id: &str) -> Vec<u8> {
+        self.key(Tag::Node, node_id)
+    }
+
+    /// All node records.
+    pub fn nodes(&self) -> RangeOption {
+        self.subspace_range(Tag::Node)
+    }
+
+    /// A definition version.
+    pub fn definition(&self, ns: &str, name: &str, version: u32) -> Vec<u8> {
+        self.key(Tag::Definition, (ns, name, version))
+    }
+
+    /// All versions of a definition, oldest first.
+    pub fn definition_versions(&self, ns: &str, name: &str) -> RangeOption {
+        self.prefix(Tag::Definition, (ns, name))
+    }
+
+    /// All definitions of a namespace.
+    pub fn definitions(&self, ns: &str) -> RangeOption {
+        self.prefix(Tag::Definition, ns)
+    }
+
+    /// Decodes a definition key into `(ns, name, version)`.
+    pub fn parse_definition(&self, key: &[u8]) -> Result<(String, String, u32), KeyError> {
+        self.unpack(Tag::Definition, key)
+    }
+
+    /// Index entry: executions by status.
+    pub fn by_status(&self, ns: &str, status: i32, execute_at_ms: i64, id: &str) -> Vec<u8> {
+        self.key(Tag::ByStatus, (ns, status, execute_at_ms, id))
+    }
+
+    /// Index range: one status, `execute_at` in `[from_ms, to_ms)`.
+    pub fn by_status_range(&self, ns: &str, status: i32, from_ms: i64, to_ms: i64) -> RangeOption {
+        RangeOption::new(
+            self.key(Tag::ByStatus, (ns, status, from_ms)),
+            self.key(Tag::ByStatus, (ns, status, to_ms)),
+        )
+    }
+
+    /// Index entry: executions by definition.
+    pub fn by_definition(&self, ns: &str, name: &str, execute_at_ms: i64, id: &str) -> Vec<u8> {
+        self.key(Tag::ByDefinition, (ns, name, execute_at_ms, id))
+    }
+
+    /// Index range: one definition, `execute_at` in `[from_ms, to_ms)`.
+    pub fn by_definition_range(
+        &self,
+        ns: &str,
+        name: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> RangeOption {
+        RangeOption::new(
+            self.key(Tag::ByDefinition, (ns, name, from_ms)),
+            self.key(Tag::ByDefinition, (ns, name, to_ms)),
+        )
+    }
+
+    /// Index entry: executions by time.
+    pub fn by_time(&self, ns: &str, execute_at_ms: i64, id: &str) -> Vec<u8> {
+        self.key(Tag::ByTime, (ns, execute_at_ms, id))
+    }
+
+    /// Index range: `execute_at` in `[from_ms, to_ms)`.
+    pub fn by_time_range(&self, ns: &str, from_ms: i64, to_ms: i64) -> RangeOption {
+        RangeOption::new(self.key(Tag::ByTime, (ns, from_ms)), self.key(Tag::ByTime, (ns, to_ms)))
+    }
+
+    /// The execution id (last element) of an index entry of `tag`.
+    pub fn index_execution_id(&self, tag: Tag, key: &[u8]) -> Result<String, KeyError> {
+        match tag {
+            Tag::ByStatus => self.unpack::<(String, i32, i64, String)>(tag, key).map(|t| t.3),
+            Tag::ByDefinition => {
+                self.unpack::<(String, String, i64, String)>(tag, key).map(|t| t.3)
+            }
+            Tag::ByTime => self.unpack::<(String, i64, String)>(tag, key).map(|t| t.2),
+            other => Err(KeyError { subspace: tag_name(other), reason: "not an index".into() }),
+        }
+    }
+}
+
+fn tag_name(tag: Tag) -> &'static str {
+    match tag {
+        Tag::Cluster => "cluster",
+        Tag::Execution => "execution",
+        Tag::Attempt => "attempt",
+        Tag::Idempotency => "idempotency",
+        Tag::Timer => "timer",
+        Tag::Ready => "ready",
+        Tag::ShardLease => "shard lease",
+        Tag::Watermark => "watermark",
+        Tag::Node => "node",
+        Tag::CronJob => "cron job",
+        Tag::CronTimer => "cron timer",
+        Tag::Definition => "definition",
+        Tag::ByStatus => "by status",
+        Tag::ByDefinition => "by definition",
+        Tag::ByTime => "by time",
+        Tag::ReadySignal => "ready signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::Rng;
+
+    fn ks() -> Keyspace {
+        Keyspace::new("test")
+    }
+
+    #[test]
+    fn subspaces_are_disjoint_and_ordered_by_tag() {
+        let ks = ks();
+        let ranges: Vec<RangeOption> = Tag::ALL.iter().map(|t| ks.subspace_range(*t)).collect();
+        for w in ranges.windows(2) {
+            assert!(w[0].end <= w[1].begin, "tag ranges overlap: {w:?}");
+        }
+        for (i, t) in Tag::ALL.iter().enumerate() {
+            assert_eq!(*t as i64, i as i64 + 1, "tags are dense and never reordered");
+        }
+        // Every key builder lands inside its own subspace.
+        let timer = TimerKey {
+            bucket: 5,
+            shard: 3,
+            fire_at_ms: 300_000,
+            execution_id: "E".into(),
+            kind: 1,
+        };
+        let samples: Vec<(Tag, Vec<u8>)> = vec![
+            (Tag::Cluster, ks.cluster()),
+            (Tag::Execution, ks.execution("ns", "E")),
+            (Tag::Attempt, ks.attempt("ns", "E", 2)),
+            (Tag::Idempotency, ks.idempotency("ns", "k")),
+            (Tag::Timer, ks.timer(&timer)),
+            (Tag::ShardLease, ks.shard_lease(3)),
+            (Tag::Watermark, ks.watermark(3)),
+            (Tag::Node, ks.node("n1")),
+            (Tag::Definition, ks.definition("ns", "d", 1)),
+            (Tag::ByStatus, ks.by_status("ns", 1, 5, "E")),
+            (Tag::ByDefinition, ks.by_definition("ns", "d", 5, "E")),
+            (Tag::ByTime, ks.by_time("ns", 5, "E")),
+            (Tag::ReadySignal, ks.ready_signal("ns", "q")),
+        ];
+        for (tag, key) in samples {
+            let r = ks.subspace_range(tag);
+            assert!(r.begin <= key && key < r.end, "{tag:?} key outside its subspace");
+        }
+        let other = Keyspace::new("other");
+        assert!(other.execution("ns", "E") != ks.execution("ns", "E"), "clusters are separate");
+    }
+
+    #[test]
+    fn timer_keys_are_bijective_and_order_preserving() {
+        let ks = ks();
+        let rng = Rng::seeded(11);
+        let mut keys: Vec<TimerKey> = (0..2_000)
+            .map(|_| TimerKey {
+                bucket: rng.between(0, 6) as i64 - 3,
+                shard: rng.below(5) as u32,
+                fire_at_ms: rng.between(0, 2_000_000) as i64 - 1_000_000,
+                execution_id: format!("{:x}", rng.below(1 << 20)),
+                kind: rng.between(1, 3) as i32,
+            })
+            .collect();
+        for k in &keys {
+            assert_eq!(&ks.parse_timer(&ks.timer(k)).unwrap(), k, "decode(encode(k)) == k");
+        }
+        keys.sort();
+        keys.dedup();
+        let encoded: Vec<Vec<u8>> = keys.iter().map(|k| ks.timer(k)).collect();
+        assert!(encoded.windows(2).all(|w| w[0] < w[1]), "byte order = tuple order");
+    }
+
+    #[test]
+    fn due_range_covers_exactly_timers_at_or_before_now() {
+        let ks = ks();
+        let t = |fire_at_ms| TimerKey {
+            bucket: 7,
+            shard: 2,
+            fire_at_ms,
+            execution_id: "x".into(),
+            kind: 1,
+        };
+        let r = ks.timers_due(7, 2, 1_000);
+        for (at, inside) in [(999, true), (1_000, true), (1_001, false)] {
+            let k = ks.timer(&t(at));
+            assert_eq!(r.begin <= k && k < r.end, inside, "fire_at {at}");
+        }
+        let other_shard = TimerKey { shard: 3, ..t(5) };
+        assert!(ks.timer(&other_shard) >= r.end);
+    }
+
+    #[test]
+    fn ready_and_index_keys_round_trip() {
+        let ks = ks();
+        let r = ReadyKey {
+            namespace: "ns".into(),
+            queue: "q".into(),
+            ready_at_ms: 42,
+            execution_id: "E1".into(),
+        };
+        assert_eq!(ks.parse_ready(&ks.ready(&r)).unwrap(), r);
+        assert_eq!(
+            ks.index_execution_id(Tag::ByStatus, &ks.by_status("ns", 2, 9, "E2")).unwrap(),
+            "E2"
+        );
+        assert_eq!(ks.index_execution_id(Tag::ByTime, &ks.by_time("ns", 9, "E3")).unwrap(), "E3");
+        assert_eq!(
+            ks.parse_definition(&ks.definition("ns", "d", 4)).unwrap(),
+            ("ns".into(), "d".into(), 4)
+        );
+        assert!(ks.parse_timer(&ks.execution("ns", "E")).is_err(), "foreign key rejected");
+        let q = ks.ready_queue("ns", "q");
+        assert!(q.begin <= ks.ready(&r) && ks.ready(&r) < q.end);
+        let q2 = ks.ready_queue("ns", "q2");
+        assert!(
+            !(q.begin <= ks.ready(&ReadyKey { queue: "q2".into(), ..r.clone() })
+                && ks.ready(&ReadyKey { queue: "q2".into(), ..r.clone() }) < q.end)
+        );
+        assert!(q2.begin >= q.end || q2.end <= q.begin, "queue prefixes do not nest");
+    }
+}

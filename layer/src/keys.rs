@@ -22,6 +22,7 @@
 //! | 14 | by definition | `(14, ns, definition_name, execute_at_ms, execution_id)` | empty (index) |
 //! | 15 | by time | `(15, ns, execute_at_ms, execution_id)` | empty (index) |
 //! | 16 | ready signal | `(16, ns, queue)` | i64 counter (little-endian), bumped when work becomes ready; dispatchers watch it |
+//! | 17 | claim receipt | `(17, ns, worker_id, claimed_at_ms, claim_id)` | (execution id, fencing token) pairs of one claim, so a claim retried after an unknown commit result returns what it took; kept 60 s |
 //!
 //! `bucket = floor(fire_at_ms / bucket_width_ms)`, `shard = fnv1a64(execution_id) mod
 //! shard_count` ([`crate::ids`]). The timer key order `(bucket, shard, fire_at)` lets a shard
@@ -67,11 +68,13 @@ pub enum Tag {
     ByTime = 15,
     /// Ready-work counters.
     ReadySignal = 16,
+    /// Claim receipts.
+    ClaimReceipt = 17,
 }
 
 impl Tag {
     /// Every tag, in value order.
-    pub const ALL: [Tag; 16] = [
+    pub const ALL: [Tag; 17] = [
         Tag::Cluster,
         Tag::Execution,
         Tag::Attempt,
@@ -88,6 +91,7 @@ impl Tag {
         Tag::ByDefinition,
         Tag::ByTime,
         Tag::ReadySignal,
+        Tag::ClaimReceipt,
     ];
 }
 
@@ -237,6 +241,23 @@ impl Keyspace {
         self.key(Tag::ReadySignal, (ns, queue))
     }
 
+    /// A claim receipt.
+    pub fn claim_receipt(
+        &self,
+        ns: &str,
+        worker_id: &str,
+        claimed_at_ms: i64,
+        claim_id: u64,
+    ) -> Vec<u8> {
+        self.key(Tag::ClaimReceipt, (ns, worker_id, claimed_at_ms, claim_id))
+    }
+
+    /// A worker's claim receipts older than `before_ms`.
+    pub fn claim_receipts_before(&self, ns: &str, worker_id: &str, before_ms: i64) -> RangeOption {
+        let all = self.prefix(Tag::ClaimReceipt, (ns, worker_id));
+        RangeOption::new(all.begin, self.key(Tag::ClaimReceipt, (ns, worker_id, before_ms)))
+    }
+
     /// A shard's lease.
     pub fn shard_lease(&self, shard: u32) -> Vec<u8> {
         self.key(Tag::ShardLease, shard)
@@ -355,6 +376,7 @@ fn tag_name(tag: Tag) -> &'static str {
         Tag::ByDefinition => "by definition",
         Tag::ByTime => "by time",
         Tag::ReadySignal => "ready signal",
+        Tag::ClaimReceipt => "claim receipt",
     }
 }
 
@@ -399,6 +421,7 @@ mod tests {
             (Tag::ByDefinition, ks.by_definition("ns", "d", 5, "E")),
             (Tag::ByTime, ks.by_time("ns", 5, "E")),
             (Tag::ReadySignal, ks.ready_signal("ns", "q")),
+            (Tag::ClaimReceipt, ks.claim_receipt("ns", "w", 5, 9)),
         ];
         for (tag, key) in samples {
             let r = ks.subspace_range(tag);

@@ -6,9 +6,11 @@
 
 #![warn(missing_docs)]
 
+pub mod definition;
 pub mod env;
 pub mod ids;
 pub mod keys;
 pub mod kv;
+pub mod ops;
 pub mod state;
 pub mod tuple;

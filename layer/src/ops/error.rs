@@ -1,0 +1,111 @@
+//! Errors of the scheduler operations. Each names what was wrong so the API can map it to a
+//! gRPC code / HTTP status in one place and show the message as is.
+
+use crate::kv;
+use crate::state::InvalidTransition;
+
+/// The result type of the operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An operation's error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Bad input; `field` names it (API field names: `executeAt`, `inputs.report_date`, …).
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The offending field.
+        field: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// Something referenced does not exist.
+    #[error("{what} not found: {id}")]
+    NotFound {
+        /// What kind of thing (`execution`, `definition`, …).
+        what: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// The idempotency key was used before for a different request.
+    #[error(
+        "idempotency key {key:?} was already used for a different request (execution {execution_id})"
+    )]
+    IdempotencyConflict {
+        /// The key.
+        key: String,
+        /// The execution it created.
+        execution_id: String,
+    },
+    /// Something with this identity exists and cannot change.
+    #[error("{what} {id} already exists and is immutable")]
+    AlreadyExists {
+        /// What kind of thing.
+        what: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// The operation does not apply in the current state (e.g. cancelling a RUNNING execution).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A worker result or heartbeat whose attempt is no longer current: nothing was changed.
+    #[error("fenced out: execution {execution_id}, fencing token {token}: {reason}")]
+    FencedOut {
+        /// The execution.
+        execution_id: String,
+        /// The token the request carried.
+        token: u64,
+        /// The current token.
+        current: u64,
+        /// Why the attempt is not current.
+        reason: String,
+    },
+    /// A shard write with a stale lease epoch: nothing was changed; the owner must stop.
+    #[error("ownership of shard {shard} lost: epoch {epoch} is stale (current epoch {current})")]
+    OwnershipLost {
+        /// The shard.
+        shard: u32,
+        /// The epoch the caller holds.
+        epoch: u64,
+        /// The current epoch.
+        current: u64,
+    },
+    /// The shard is leased to another node.
+    #[error("shard {shard} is leased to {owner} until {expires_at_ms} ms")]
+    LeaseHeld {
+        /// The shard.
+        shard: u32,
+        /// The current owner.
+        owner: String,
+        /// When the lease expires.
+        expires_at_ms: i64,
+    },
+    /// A state machine rejected the event.
+    #[error(transparent)]
+    InvalidTransition(#[from] InvalidTransition),
+    /// A stored record or key could not be decoded.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// The KV layer failed (retryable ones are retried by `run` before surfacing).
+    #[error(transparent)]
+    Kv(#[from] kv::Error),
+}
+
+impl kv::TxnError for Error {
+    fn kv_error(&self) -> Option<&kv::Error> {
+        match self {
+            Error::Kv(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::keys::KeyError> for Error {
+    fn from(e: crate::keys::KeyError) -> Self {
+        Error::Corrupt(e.to_string())
+    }
+}
+
+/// An `InvalidArgument` error.
+pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::InvalidArgument { field: field.into(), reason: reason.into() }
+}

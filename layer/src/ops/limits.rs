@@ -1,0 +1,50 @@
+//! Bounds of the scheduler operations, named in one place (unit and qualifier last).
+
+/// Largest input snapshot (JSON), in bytes.
+pub const INPUT_BYTES_MAX: usize = 32 * 1024;
+/// Largest inline output (JSON), in bytes.
+pub const OUTPUT_BYTES_MAX: usize = 32 * 1024;
+/// Longest error message kept, in bytes (longer ones are truncated, not rejected).
+pub const ERROR_MESSAGE_BYTES_MAX: usize = 4 * 1024;
+/// Longest idempotency key, in bytes.
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 256;
+/// Longest namespace, queue, worker id or node id, in bytes.
+pub const NAME_BYTES_MAX: usize = 128;
+/// Longest output reference (a URI), in bytes.
+pub const OUTPUT_REFERENCE_BYTES_MAX: usize = 2 * 1024;
+/// How far in the future `execute_at` may be: 10 years, in milliseconds.
+pub const EXECUTE_AT_FUTURE_MAX_MS: i64 = 10 * 366 * 24 * 3600 * 1000;
+/// How far in the past `execute_at` may be (it then runs at once): 1 day, in milliseconds.
+pub const EXECUTE_AT_PAST_MAX_MS: i64 = 24 * 3600 * 1000;
+/// Most executions one claim may take.
+pub const CLAIM_BATCH_MAX: usize = 256;
+/// Ready entries a claim looks at to pick from (random pick among the head).
+pub const CLAIM_SCAN_MAX: usize = 1024;
+/// Most timers one `fire_due` transaction processes.
+pub const FIRE_BATCH_MAX: usize = 1_000;
+/// Most buckets one `fire_due` walks past (empty ones) before returning.
+pub const FIRE_BUCKETS_PER_CALL_MAX: i64 = 1_440;
+/// Most executions a list page returns.
+pub const LIST_PAGE_MAX: usize = 1_000;
+/// Shortest and longest attempt lease, in milliseconds.
+pub const LEASE_MS_MIN: u64 = 1_000;
+/// Longest attempt lease, in milliseconds.
+pub const LEASE_MS_MAX: u64 = 3_600_000;
+/// Most attempts a retry policy may allow.
+pub const ATTEMPTS_MAX: u32 = 100;
+/// Most shards a cluster may have.
+pub const SHARD_COUNT_MAX: u32 = 65_536;
+
+const _: () = assert!(CLAIM_BATCH_MAX <= CLAIM_SCAN_MAX);
+const _: () = assert!(LEASE_MS_MIN < LEASE_MS_MAX);
+/// Room in an execution record for everything but input, output and error (ids, times, …).
+const RECORD_FIXED_BYTES_MAX: usize = 8 * 1024;
+// An execution record holds the input snapshot, the inline output and the last error.
+const _: () = assert!(
+    INPUT_BYTES_MAX
+        + OUTPUT_BYTES_MAX
+        + ERROR_MESSAGE_BYTES_MAX
+        + OUTPUT_REFERENCE_BYTES_MAX
+        + RECORD_FIXED_BYTES_MAX
+        < crate::kv::limits::VALUE_BYTES_MAX
+);

@@ -1,0 +1,144 @@
+//! The scheduler's transactional operations. Each is one idempotent transaction run through
+//! [`Database::run`]: ids and times are chosen outside the retry loop, state is re-read and
+//! re-checked inside, so running it twice after `commit_unknown_result` changes nothing more.
+//!
+//! | operation | file |
+//! |---|---|
+//! | open / create the cluster | here |
+//! | `submit` | [`submit`] |
+//! | `get`, `attempts`, `list` | [`query`] |
+//! | `cancel`, `request_cancel`, `replay` | [`control`] |
+//! | `fire_due`, `lease_check` | [`fire`] |
+//! | `claim` | [`claim`] |
+//! | `heartbeat`, `complete`, `fail` | [`worker`] |
+//! | back-off | [`retry`] |
+//! | definitions | [`definitions`] |
+//! | shard leases, nodes | [`leases`] |
+
+pub mod claim;
+pub mod control;
+pub mod definitions;
+pub mod error;
+pub mod fire;
+pub mod leases;
+pub mod limits;
+pub mod query;
+mod records;
+pub mod retry;
+pub mod submit;
+pub mod worker;
+
+use kairos_proto::storage::v1::ClusterConfig;
+
+pub use self::error::{Error, Result};
+use self::records::{decode, encode};
+use crate::env::{Rng, SharedClock};
+use crate::ids::bucket_of;
+use crate::keys::Keyspace;
+use crate::kv::Database;
+
+/// Parameters fixed when a cluster is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterParams {
+    /// Number of logical shards (1024 on a cluster; fewer is fine for one embedded node).
+    pub shard_count: u32,
+    /// Width of a timer bucket, in milliseconds (1 minute by default).
+    pub bucket_width_ms: i64,
+}
+
+impl Default for ClusterParams {
+    fn default() -> Self {
+        ClusterParams { shard_count: 1024, bucket_width_ms: 60_000 }
+    }
+}
+
+/// The scheduler's operations over one cluster's keyspace.
+#[derive(Clone)]
+pub struct Scheduler {
+    pub(crate) db: Database,
+    pub(crate) ks: Keyspace,
+    pub(crate) config: ClusterConfig,
+    pub(crate) clock: SharedClock,
+    pub(crate) rng: Rng,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler").field("config", &self.config).finish()
+    }
+}
+
+const FORMAT_VERSION: u32 = 1;
+
+impl Scheduler {
+    /// Opens the cluster stored in `db` under `ks`, creating it with `params` if it does not
+    /// exist. An existing cluster keeps the shard count and bucket width it was created with.
+    pub async fn open(
+        db: Database,
+        ks: Keyspace,
+        clock: SharedClock,
+        rng: Rng,
+        params: ClusterParams,
+    ) -> Result<Scheduler> {
+        if params.shard_count == 0 || params.shard_count > limits::SHARD_COUNT_MAX {
+            return Err(error::invalid(
+                "shard_count",
+                format!("must be between 1 and {}", limits::SHARD_COUNT_MAX),
+            ));
+        }
+        if params.bucket_width_ms < 1_000 {
+            return Err(error::invalid("bucket_width_ms", "must be at least 1000"));
+        }
+        let now_ms = clock.now().as_millis();
+        let config = db
+            .run(|tx| {
+                let ks = ks.clone();
+                async move {
+                    if let Some(v) = tx.get(&ks.cluster()).await? {
+                        return decode::<ClusterConfig>("cluster config", &v);
+                    }
+                    let config = ClusterConfig {
+                        shard_count: params.shard_count,
+                        bucket_width_ms: params.bucket_width_ms,
+                        created_at_ms: now_ms,
+                        format_version: FORMAT_VERSION,
+                    };
+                    tx.set(&ks.cluster(), &encode(&config))?;
+                    // Every shard starts with a watermark, so submits always clamp against one.
+                    let start = bucket_of(now_ms, params.bucket_width_ms);
+                    for shard in 0..params.shard_count {
+                        tx.set(&ks.watermark(shard), &start.to_be_bytes())?;
+                    }
+                    Ok(config)
+                }
+            })
+            .await?;
+        if config.format_version > FORMAT_VERSION {
+            return Err(Error::Corrupt(format!(
+                "cluster format version {} is newer than this binary's {FORMAT_VERSION}",
+                config.format_version
+            )));
+        }
+        Ok(Scheduler { db, ks, config, clock, rng })
+    }
+
+    /// The cluster's fixed configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// The keyspace.
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.ks
+    }
+
+    /// The database.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// The injected clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+}

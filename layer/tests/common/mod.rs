@@ -1,0 +1,217 @@
+//! Shared harness of the scheduler-operation tests: a memory backend (optionally with fault
+//! injection), a hand-driven clock, and invariant checks over the whole keyspace.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kairos_layer::env::{ManualClock, Rng, SharedClock, Timestamp};
+use kairos_layer::keys::{Keyspace, Tag};
+use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
+use kairos_layer::kv::{Database, RunOptions};
+use kairos_layer::ops::submit::SubmitRequest;
+use kairos_layer::ops::{ClusterParams, Scheduler};
+use kairos_proto::storage::v1::{Execution, ExecutionStatus, JobDefinition, TimerKind};
+use prost::Message;
+
+pub const NS: &str = "default";
+pub const T0: i64 = 1_790_000_000_000;
+pub const SHARDS: u32 = 4;
+pub const NODE: &str = "node-a";
+
+pub struct World {
+    pub sched: Scheduler,
+    pub db: Database,
+    pub ks: Keyspace,
+    pub clock: ManualClock,
+    /// Epoch held by NODE per shard.
+    pub epochs: Vec<u64>,
+}
+
+pub const REPORT_YAML: &str = r#"
+name: report
+version: 1
+inputs:
+  dataset_uri: uri
+  report_date: date
+outputs:
+  report_uri: string
+retry:
+  max_attempts: 3
+  base_delay: 1s
+  max_delay: 10s
+timeouts:
+  lease: 30s
+execution:
+  type: command
+  command: ["generate"]
+"#;
+
+pub fn report_definition() -> JobDefinition {
+    kairos_layer::definition::parse_definition(REPORT_YAML).expect("test definition parses")
+}
+
+pub async fn world(seed: u64, faults: FaultConfig) -> World {
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let shared: SharedClock = Arc::new(clock.clone());
+    let db =
+        MemoryDatabase::open(shared.clone(), Rng::seeded(seed), faults).with_options(RunOptions {
+            backoff_initial: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            ..RunOptions::default()
+        });
+    let ks = Keyspace::new("test");
+    let params = ClusterParams { shard_count: SHARDS, bucket_width_ms: 60_000 };
+    let sched = Scheduler::open(db.clone(), ks.clone(), shared, Rng::seeded(seed ^ 0xabc), params)
+        .await
+        .expect("cluster opens");
+    sched.register_definition(NS, report_definition()).await.expect("definition registers");
+    let mut epochs = Vec::new();
+    for shard in 0..SHARDS {
+        epochs.push(sched.acquire_shard(shard, NODE, 3_600_000).await.expect("lease").epoch);
+    }
+    World { sched, db, ks, clock, epochs }
+}
+
+pub fn request(key: Option<&str>, execute_at_ms: i64) -> SubmitRequest {
+    SubmitRequest {
+        namespace: NS.into(),
+        definition: "report".into(),
+        definition_version: 1,
+        inputs: serde_json::json!({"dataset_uri": "s3://datasets/orders", "report_date": "2026-08-12"}),
+        execute_at_ms,
+        idempotency_key: key.map(str::to_string),
+    }
+}
+
+impl World {
+    pub fn now_ms(&self) -> i64 {
+        use kairos_layer::env::Clock;
+        self.clock.now().as_millis()
+    }
+
+    pub fn advance_ms(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+    }
+
+    /// Fires everything due on every shard at the current time.
+    pub async fn fire_all(&self) -> usize {
+        let mut n = 0;
+        for shard in 0..SHARDS {
+            loop {
+                let out = self
+                    .sched
+                    .fire_due(shard, self.epochs[shard as usize], self.now_ms(), 100)
+                    .await
+                    .expect("fire_due");
+                n += out.fired.len();
+                if !out.more {
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// Every key and value of the cluster.
+    pub async fn dump(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let range =
+            kairos_layer::kv::RangeOption::prefix(&kairos_layer::tuple::pack(&("kairos", "test")));
+        let rows = self
+            .db
+            .run(|tx| {
+                let range = range.clone();
+                async move { tx.get_range(&range, false).await }
+            })
+            .await
+            .expect("dump");
+        rows.into_iter().map(|kv| (kv.key.to_vec(), kv.value.to_vec())).collect()
+    }
+
+    /// Checks the cross-record invariants of the whole keyspace.
+    pub async fn check_invariants(&self) {
+        let dump = self.dump().await;
+        let ks = &self.ks;
+        let in_tag = |tag: Tag| {
+            let r = ks.subspace_range(tag);
+            dump.range(r.begin..r.end).map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
+        };
+        let mut watermarks = BTreeMap::new();
+        for shard in 0..SHARDS {
+            let v = dump.get(&ks.watermark(shard)).expect("every shard has a watermark");
+            watermarks.insert(shard, i64::from_be_bytes(v[..8].try_into().unwrap()));
+        }
+        let executions: Vec<Execution> = in_tag(Tag::Execution)
+            .iter()
+            .map(|(_, v)| Execution::decode(v.as_slice()).unwrap())
+            .collect();
+        let by_id: BTreeMap<String, &Execution> =
+            executions.iter().map(|e| (e.id.clone(), e)).collect();
+        // Timers: never below the watermark, always the execution's current timer.
+        for (k, _) in in_tag(Tag::Timer) {
+            let t = ks.parse_timer(&k).unwrap();
+            assert!(
+                t.bucket >= watermarks[&t.shard],
+                "timer {t:?} below watermark {}",
+                watermarks[&t.shard]
+            );
+            let e = by_id.get(&t.execution_id).unwrap_or_else(|| panic!("orphan timer {t:?}"));
+            let r = e
+                .timer
+                .as_ref()
+                .unwrap_or_else(|| panic!("timer {t:?} of an execution without one"));
+            assert_eq!(
+                (r.fire_at_ms, r.kind, r.bucket),
+                (t.fire_at_ms, t.kind, t.bucket),
+                "stale timer"
+            );
+        }
+        let ready: Vec<_> =
+            in_tag(Tag::Ready).iter().map(|(k, _)| ks.parse_ready(k).unwrap()).collect();
+        for r in &ready {
+            let e = by_id.get(&r.execution_id).expect("ready entry of a known execution");
+            assert_eq!(e.status(), ExecutionStatus::Ready, "ready entry of a non-READY execution");
+            assert_eq!(e.ready_at_ms, r.ready_at_ms);
+        }
+        for e in &executions {
+            let timer_kind = e.timer.as_ref().map(|t| t.kind());
+            let want_timer = match e.status() {
+                ExecutionStatus::Scheduled => Some(TimerKind::Due),
+                ExecutionStatus::RetryWait => Some(TimerKind::Retry),
+                ExecutionStatus::Running => Some(TimerKind::LeaseCheck),
+                _ => None,
+            };
+            assert_eq!(timer_kind, want_timer, "execution {} in {:?}", e.id, e.status());
+            if let Some(t) = &e.timer {
+                let key = ks.timer(&kairos_layer::keys::TimerKey {
+                    bucket: t.bucket,
+                    shard: e.shard,
+                    fire_at_ms: t.fire_at_ms,
+                    execution_id: e.id.clone(),
+                    kind: t.kind,
+                });
+                assert!(dump.contains_key(&key), "timer of {} missing", e.id);
+            }
+            let queued = ready.iter().filter(|r| r.execution_id == e.id).count();
+            assert_eq!(
+                queued,
+                usize::from(e.status() == ExecutionStatus::Ready),
+                "ready entries of {}",
+                e.id
+            );
+            let policy = e.retry_policy.unwrap_or_default();
+            assert!(
+                e.attempt_count - e.attempt_base <= policy.max_attempts,
+                "attempts over the maximum"
+            );
+            let attempts =
+                dump.range(ks.attempts(NS, &e.id).begin..ks.attempts(NS, &e.id).end).count();
+            assert_eq!(attempts as u32, e.attempt_count, "attempt records of {}", e.id);
+            let statuses: Vec<i32> = (0..8)
+                .filter(|s| dump.contains_key(&ks.by_status(NS, *s, e.execute_at_ms, &e.id)))
+                .collect();
+            assert_eq!(statuses, vec![e.status], "status index of {}", e.id);
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Scheduler operations: the lifecycle, fencing, leases and retries, on the memory backend.
+
+mod common;
+
+use common::*;
+use kairos_layer::kv::memory::FaultConfig;
+use kairos_layer::ops::Error;
+use kairos_layer::ops::retry::backoff_cap_ms;
+use kairos_proto::storage::v1::{AttemptStatus, ExecutionError, ExecutionStatus, TimerKind};
+
+fn err(message: &str, retryable: bool) -> ExecutionError {
+    ExecutionError { message: message.into(), retryable, code: String::new() }
+}
+
+#[tokio::test]
+async fn happy_path_fires_at_execute_at_and_completes() {
+    let w = world(1, FaultConfig::none()).await;
+    let at = T0 + 90_000;
+    let s = w.sched.submit(request(Some("k1"), at)).await.unwrap();
+    assert!(s.created);
+    let id = s.execution.id.clone();
+    assert_eq!(s.execution.status(), ExecutionStatus::Scheduled);
+    w.check_invariants().await;
+
+    w.advance_ms(89_999);
+    assert_eq!(w.fire_all().await, 0, "nothing fires before execute_at");
+    assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Scheduled);
+    w.advance_ms(1);
+    assert_eq!(w.fire_all().await, 1);
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Ready);
+    assert_eq!(e.ready_at_ms, at);
+    w.check_invariants().await;
+
+    let claimed = w.sched.claim(NS, "report", "worker-1", 10, None).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let c = &claimed[0];
+    assert_eq!(c.execution.status(), ExecutionStatus::Running);
+    assert_eq!(c.attempt.number, 1);
+    assert_eq!(c.attempt.fencing_token, 1);
+    assert_eq!(c.attempt.lease_expires_at_ms, at + 30_000, "the definition's 30 s lease");
+    w.check_invariants().await;
+
+    w.advance_ms(10_000);
+    let hb = w.sched.heartbeat(NS, &id, 1).await.unwrap();
+    assert_eq!(hb.lease_expires_at_ms, at + 40_000);
+    assert!(!hb.cancel_requested);
+    let out = br#"{"report_uri":"s3://reports/1"}"#.to_vec();
+    let e = w.sched.complete(NS, &id, 1, out.clone(), "s3://reports/1".into()).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Succeeded);
+    assert_eq!(e.output_json, out);
+    let attempts = w.sched.attempts(NS, &id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].status(), AttemptStatus::Succeeded);
+    w.check_invariants().await;
+    assert!(w.sched.claim(NS, "report", "worker-1", 10, None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn lease_expiry_retries_with_backoff_then_fails_after_max_attempts() {
+    let w = world(2, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    let policy = w.sched.get(NS, &id).await.unwrap().retry_policy.unwrap();
+    for attempt in 1..=3u32 {
+        let claimed = w.sched.claim(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+        assert_eq!(claimed.len(), 1, "attempt {attempt} claimed");
+        assert_eq!(claimed[0].attempt.number, attempt);
+        // The worker dies: no heartbeat. Just before expiry nothing happens.
+        w.advance_ms(4_999);
+        w.fire_all().await;
+        assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Running);
+        w.advance_ms(1);
+        w.fire_all().await;
+        let e = w.sched.get(NS, &id).await.unwrap();
+        let attempts = w.sched.attempts(NS, &id).await.unwrap();
+        assert_eq!(attempts[attempt as usize - 1].status(), AttemptStatus::TimedOut);
+        w.check_invariants().await;
+        if attempt < 3 {
+            assert_eq!(e.status(), ExecutionStatus::RetryWait);
+            let t = e.timer.unwrap();
+            assert_eq!(t.kind(), TimerKind::Retry);
+            let cap = backoff_cap_ms(&policy, attempt) as i64;
+            assert!(
+                t.fire_at_ms >= w.now_ms() && t.fire_at_ms <= w.now_ms() + cap,
+                "full jitter bounds"
+            );
+            w.advance_ms((t.fire_at_ms - w.now_ms()) as u64);
+            w.fire_all().await;
+            assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Ready);
+        } else {
+            assert_eq!(e.status(), ExecutionStatus::Failed, "no fourth attempt");
+            assert_eq!(e.error.unwrap().code, "lease_expired");
+            assert_eq!(e.attempt_count, 3);
+        }
+    }
+    assert!(w.sched.claim(NS, "report", "w", 1, None).await.unwrap().is_empty());
+    // Replay: the next attempt of the same execution, with a fresh budget.
+    let e = w.sched.replay(NS, &id).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Ready);
+    let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    assert_eq!(c[0].attempt.number, 4);
+    assert_eq!(c[0].attempt.fencing_token, 4);
+    w.check_invariants().await;
+}
+
+#[tokio::test]
+async fn heartbeats_keep_the_lease_and_the_timer_follows() {
+    let w = world(3, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+    for _ in 0..5 {
+        w.advance_ms(4_000);
+        w.sched.heartbeat(NS, &id, 1).await.unwrap();
+        w.fire_all().await; // lease-check timers fire and move to the renewed expiry
+        assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Running);
+        w.check_invariants().await;
+    }
+    w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap();
+    w.check_invariants().await;
+}
+
+#[tokio::test]
+async fn retryable_and_permanent_failures() {
+    let w = world(4, FaultConfig::none()).await;
+    let a = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    let b = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    let claimed = w.sched.claim(NS, "report", "w", 2, None).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let e = w.sched.fail(NS, &a, 1, err("flaky", true)).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::RetryWait);
+    let e = w.sched.fail(NS, &b, 1, err("bad input", false)).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Failed, "permanent errors are not retried");
+    assert_eq!(e.error.as_ref().unwrap().message, "bad input");
+    // Failing again with the same token is a no-op (idempotent), not a second failure.
+    let again = w.sched.fail(NS, &b, 1, err("bad input", false)).await.unwrap();
+    assert_eq!(again, e);
+    w.check_invariants().await;
+}
+
+#[tokio::test]
+async fn stale_tokens_change_nothing() {
+    let w = world(5, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "old-worker", 1, Some(5_000)).await.unwrap();
+    w.advance_ms(5_000);
+    w.fire_all().await; // lease expired: RETRY_WAIT
+    let e = w.sched.get(NS, &id).await.unwrap();
+    w.advance_ms((e.timer.unwrap().fire_at_ms - w.now_ms()) as u64);
+    w.fire_all().await;
+    let c = w.sched.claim(NS, "report", "new-worker", 1, None).await.unwrap();
+    assert_eq!(c[0].attempt.fencing_token, 2);
+
+    let before = w.dump().await;
+    let stale = [
+        w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap_err(),
+        w.sched.fail(NS, &id, 1, err("late", true)).await.unwrap_err(),
+        w.sched.heartbeat(NS, &id, 1).await.unwrap_err(),
+        w.sched.heartbeat(NS, &id, 7).await.unwrap_err(),
+    ];
+    for e in &stale {
+        assert!(matches!(e, Error::FencedOut { current: 2, .. }), "{e}");
+        assert!(e.to_string().contains("fenced out"), "{e}");
+    }
+    assert_eq!(w.dump().await, before, "stale results changed nothing");
+    w.sched.complete(NS, &id, 2, Vec::new(), String::new()).await.unwrap();
+    // The timed-out attempt's token stays fenced after the execution finished too.
+    assert!(matches!(
+        w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await,
+        Err(Error::FencedOut { .. })
+    ));
+    w.check_invariants().await;
+}
+
+#[tokio::test]
+async fn stale_epoch_fire_changes_nothing() {
+    let w = world(6, FaultConfig::none()).await;
+    w.sched.submit(request(None, T0)).await.unwrap();
+    let shard = (0..SHARDS).find(|_| true).unwrap();
+    let old = w.epochs[shard as usize];
+    // Node B takes every shard over after A's lease expired (A restarted with a new epoch).
+    for s in 0..SHARDS {
+        w.sched.release_shard(s, NODE, w.epochs[s as usize]).await.unwrap();
+        let l = w.sched.acquire_shard(s, "node-b", 60_000).await.unwrap();
+        assert_eq!(l.epoch, w.epochs[s as usize] + 1, "epoch rises on a change of owner");
+    }
+    let before = w.dump().await;
+    for s in 0..SHARDS {
+        let e = w.sched.fire_due(s, w.epochs[s as usize], w.now_ms(), 100).await.unwrap_err();
+        assert!(matches!(e, Error::OwnershipLost { .. }), "{e}");
+    }
+    assert_eq!(w.dump().await, before, "a stale owner changed nothing");
+    let e = w.sched.renew_shard(shard, NODE, old, 60_000).await.unwrap_err();
+    assert!(matches!(e, Error::OwnershipLost { .. }));
+}
+
+#[tokio::test]
+async fn shard_leases_move_only_when_free() {
+    let w = world(7, FaultConfig::none()).await;
+    let held = w.sched.acquire_shard(0, "node-b", 10_000).await.unwrap_err();
+    assert!(matches!(&held, Error::LeaseHeld { owner, .. } if owner == NODE), "{held}");
+    // A restarted node-a re-acquires its own shard at once, with a new epoch.
+    let again = w.sched.acquire_shard(0, NODE, 10_000).await.unwrap();
+    assert_eq!(again.epoch, w.epochs[0] + 1);
+    w.advance_ms(10_001);
+    let b = w.sched.acquire_shard(0, "node-b", 10_000).await.unwrap();
+    assert_eq!(b.epoch, again.epoch + 1, "expired lease taken over");
+    let renewed = w.sched.renew_shard(0, "node-b", b.epoch, 20_000).await.unwrap();
+    assert_eq!(renewed.expires_at_ms, w.now_ms() + 20_000);
+    w.sched.release_shard(0, "node-b", b.epoch).await.unwrap();
+    let a = w.sched.acquire_shard(0, NODE, 10_000).await.unwrap();
+    assert_eq!(a.epoch, b.epoch + 1, "released lease taken at once");
+    assert!(w.sched.acquire_shard(99, NODE, 1).await.is_err(), "unknown shard");
+    let leases = w.sched.shard_leases().await.unwrap();
+    assert_eq!(leases.len(), SHARDS as usize);
+}
+
+#[tokio::test]
+async fn cancel_before_start_and_refusal_after() {
+    let w = world(8, FaultConfig::none()).await;
+    let scheduled = w.sched.submit(request(None, T0 + 60_000)).await.unwrap().execution.id;
+    let ready = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    let running = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    let c = w.sched.cancel(NS, &scheduled).await.unwrap();
+    assert_eq!(c.status(), ExecutionStatus::Cancelled);
+    assert!(c.timer.is_none());
+    // Claim exactly one of the two READY ones, then cancel the other.
+    let claimed = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    let (run_id, ready_id) = if claimed[0].execution.id == running {
+        (running.clone(), ready.clone())
+    } else {
+        (ready.clone(), running.clone())
+    };
+    assert_eq!(w.sched.cancel(NS, &ready_id).await.unwrap().status(), ExecutionStatus::Cancelled);
+    assert!(
+        w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty(),
+        "cancelled READY not dispatched"
+    );
+    let e = w.sched.cancel(NS, &run_id).await.unwrap_err();
+    assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("RUNNING")), "{e}");
+    // request_cancel flags the running attempt; the worker sees it on its next heartbeat.
+    w.sched.request_cancel(NS, &run_id).await.unwrap();
+    w.advance_ms(1);
+    assert!(w.sched.heartbeat(NS, &run_id, 1).await.unwrap().cancel_requested);
+    assert_eq!(
+        w.sched.cancel(NS, &scheduled).await.unwrap().status(),
+        ExecutionStatus::Cancelled,
+        "idempotent"
+    );
+    w.advance_ms(120_000);
+    w.fire_all().await;
+    assert_eq!(
+        w.sched.get(NS, &scheduled).await.unwrap().status(),
+        ExecutionStatus::Cancelled,
+        "never fired"
+    );
+    w.check_invariants().await;
+    assert!(matches!(w.sched.cancel(NS, "nope").await, Err(Error::NotFound { .. })));
+}

@@ -106,22 +106,22 @@ impl Scheduler {
                 let (req, id, print) = (&req, &id, &print);
                 async move {
                     let ns = req.namespace.as_str();
-                    if let Some(key) = &req.idempotency_key {
-                        if let Some(v) = tx.get(&self.ks.idempotency(ns, key)).await? {
-                            let rec: IdempotencyRecord = decode("idempotency", &v)?;
-                            if &rec.fingerprint != print {
-                                return Err(Error::IdempotencyConflict {
-                                    key: key.clone(),
-                                    execution_id: rec.execution_id,
-                                });
-                            }
-                            let existing = load_execution(&tx, &self.ks, ns, &rec.execution_id)
-                                .await?
-                                .ok_or_else(|| {
-                                    Error::Corrupt(format!("idempotency key {key:?} dangles"))
-                                })?;
-                            return Ok(Submitted { execution: existing, created: false });
+                    if let Some(key) = &req.idempotency_key
+                        && let Some(v) = tx.get(&self.ks.idempotency(ns, key)).await?
+                    {
+                        let rec: IdempotencyRecord = decode("idempotency", &v)?;
+                        if &rec.fingerprint != print {
+                            return Err(Error::IdempotencyConflict {
+                                key: key.clone(),
+                                execution_id: rec.execution_id,
+                            });
                         }
+                        let existing = load_execution(&tx, &self.ks, ns, &rec.execution_id)
+                            .await?
+                            .ok_or_else(|| {
+                                Error::Corrupt(format!("idempotency key {key:?} dangles"))
+                            })?;
+                        return Ok(Submitted { execution: existing, created: false });
                     }
                     // A retry after an unknown commit result finds its own execution.
                     if let Some(existing) = load_execution(&tx, &self.ks, ns, id).await? {

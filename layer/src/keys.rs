@@ -23,6 +23,7 @@
 //! | 15 | by time | `(15, ns, execute_at_ms, execution_id)` | empty (index) |
 //! | 16 | ready signal | `(16, ns, queue)` | i64 counter (little-endian), bumped when work becomes ready; dispatchers watch it |
 //! | 17 | claim receipt | `(17, ns, worker_id, claimed_at_ms, claim_id)` | (execution id, fencing token) pairs of one claim, so a claim retried after an unknown commit result returns what it took; kept 60 s |
+//! | 18 | status count | `(18, ns, status)` | i64 little-endian counter of executions in that status, kept by atomic adds |
 //!
 //! `bucket = floor(fire_at_ms / bucket_width_ms)`, `shard = fnv1a64(execution_id) mod
 //! shard_count` ([`crate::ids`]). The timer key order `(bucket, shard, fire_at)` lets a shard
@@ -70,11 +71,13 @@ pub enum Tag {
     ReadySignal = 16,
     /// Claim receipts.
     ClaimReceipt = 17,
+    /// Executions per status.
+    StatusCount = 18,
 }
 
 impl Tag {
     /// Every tag, in value order.
-    pub const ALL: [Tag; 17] = [
+    pub const ALL: [Tag; 18] = [
         Tag::Cluster,
         Tag::Execution,
         Tag::Attempt,
@@ -92,6 +95,7 @@ impl Tag {
         Tag::ByTime,
         Tag::ReadySignal,
         Tag::ClaimReceipt,
+        Tag::StatusCount,
     ];
 }
 
@@ -241,6 +245,35 @@ impl Keyspace {
         self.key(Tag::ReadySignal, (ns, queue))
     }
 
+    /// The count of executions in `status`.
+    pub fn status_count(&self, ns: &str, status: i32) -> Vec<u8> {
+        self.key(Tag::StatusCount, (ns, status))
+    }
+
+    /// Every status count of a namespace.
+    pub fn status_counts(&self, ns: &str) -> RangeOption {
+        self.prefix(Tag::StatusCount, ns)
+    }
+
+    /// Decodes a status count key into `(ns, status)`.
+    pub fn parse_status_count(&self, key: &[u8]) -> Result<(String, i32), KeyError> {
+        self.unpack(Tag::StatusCount, key)
+    }
+
+    /// Timers of `(bucket, shard)` with `after_ms < fire_at <= until_ms`.
+    pub fn timers_between(
+        &self,
+        bucket: i64,
+        shard: u32,
+        after_ms: i64,
+        until_ms: i64,
+    ) -> RangeOption {
+        RangeOption::new(
+            self.key(Tag::Timer, (bucket, shard, after_ms.saturating_add(1))),
+            self.key(Tag::Timer, (bucket, shard, until_ms.saturating_add(1))),
+        )
+    }
+
     /// A claim receipt.
     pub fn claim_receipt(
         &self,
@@ -377,6 +410,7 @@ fn tag_name(tag: Tag) -> &'static str {
         Tag::ByTime => "by time",
         Tag::ReadySignal => "ready signal",
         Tag::ClaimReceipt => "claim receipt",
+        Tag::StatusCount => "status count",
     }
 }
 
@@ -422,6 +456,7 @@ mod tests {
             (Tag::ByTime, ks.by_time("ns", 5, "E")),
             (Tag::ReadySignal, ks.ready_signal("ns", "q")),
             (Tag::ClaimReceipt, ks.claim_receipt("ns", "w", 5, 9)),
+            (Tag::StatusCount, ks.status_count("ns", 3)),
         ];
         for (tag, key) in samples {
             let r = ks.subspace_range(tag);

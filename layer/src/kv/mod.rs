@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 
 pub use error::{Error, Result, TxnError};
-pub use run::RunOptions;
+pub use run::{RunObserver, RunOptions};
 
 use crate::env::{BoxFuture, Rng, SharedClock};
 
@@ -195,6 +195,7 @@ pub struct Database {
     clock: SharedClock,
     rng: Rng,
     options: RunOptions,
+    observer: Option<Arc<dyn RunObserver>>,
 }
 
 impl std::fmt::Debug for Database {
@@ -206,7 +207,14 @@ impl std::fmt::Debug for Database {
 impl Database {
     /// Wraps a backend. `clock` and `rng` drive the retry loop's back-off.
     pub fn new(inner: Arc<dyn KvDatabase>, clock: SharedClock, rng: Rng) -> Self {
-        Database { inner, clock, rng, options: RunOptions::default() }
+        Database { inner, clock, rng, options: RunOptions::default(), observer: None }
+    }
+
+    /// The same database reporting every `run`'s commit latency and retries to `observer`
+    /// (metrics).
+    pub fn with_observer(mut self, observer: Arc<dyn RunObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The same database with other retry-loop options.

@@ -5,6 +5,14 @@ use std::time::Duration;
 
 use super::{CommitInfo, Database, Error, Transaction, TxnError};
 
+/// Receives what the retry loop sees (for metrics). Called inline: keep it cheap.
+pub trait RunObserver: Send + Sync + 'static {
+    /// A `run` committed, `latency` after it started (retries included).
+    fn committed(&self, latency: Duration);
+    /// A try failed with a retryable error and will be retried.
+    fn retrying(&self, error: &Error);
+}
+
 /// Options of the retry loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunOptions {
@@ -53,18 +61,28 @@ impl Database {
     {
         let mut retries = 0u32;
         let mut backoff = self.options.backoff_initial;
+        let started = self.observer.as_ref().map(|_| self.clock.now());
         loop {
             let tx = self.begin()?;
             let err: E = match f(tx.clone()).await {
                 Ok(value) => match tx.commit().await {
-                    Ok(info) => return Ok((value, info)),
+                    Ok(info) => {
+                        if let (Some(o), Some(t0)) = (&self.observer, started) {
+                            o.committed(self.clock.now().since(t0));
+                        }
+                        return Ok((value, info));
+                    }
                     Err(e) => E::from(e),
                 },
                 Err(e) => e,
             };
-            let retryable = err.kv_error().is_some_and(Error::is_retryable);
-            if !retryable || retries >= self.options.retry_limit {
+            let retryable = err.kv_error().filter(|e| e.is_retryable());
+            let Some(kv_err) = retryable else { return Err(err) };
+            if retries >= self.options.retry_limit {
                 return Err(err);
+            }
+            if let Some(o) = &self.observer {
+                o.retrying(kv_err);
             }
             retries += 1;
             // Full jitter: a uniform delay in [0, backoff].

@@ -35,6 +35,8 @@ pub struct Fired {
     pub status: ExecutionStatus,
     /// The queue it is ready on, if it became READY.
     pub queue: String,
+    /// The execution's next timer, if processing set one (retry back-off, renewed lease).
+    pub next_timer: Option<(i64, TimerKind)>,
 }
 
 /// The result of one `fire_due` call.
@@ -166,6 +168,7 @@ impl Scheduler {
             execute_at_ms: e.execute_at_ms,
             status: e.status(),
             queue: e.queue.clone(),
+            next_timer: e.timer.as_ref().map(|t| (t.fire_at_ms, t.kind())),
         }))
     }
 
@@ -198,6 +201,63 @@ impl Scheduler {
             set_timer(tx, &self.ks, self.config.bucket_width_ms, e, TimerKind::LeaseCheck, deadline)
                 .await
         }
+    }
+
+    /// Processes one timer of `shard` (an execution supervisor's deadline), fenced by `epoch`
+    /// like `fire_due`. `None` if the timer is gone (already processed or replaced) or not due.
+    pub async fn fire_timer(
+        &self,
+        shard: u32,
+        epoch: u64,
+        timer: &crate::keys::TimerKey,
+        now_ms: i64,
+    ) -> Result<Option<Fired>> {
+        if timer.shard != shard || timer.fire_at_ms > now_ms {
+            return Ok(None);
+        }
+        self.db
+            .run(|tx| async move {
+                check_epoch(&tx, self, shard, epoch).await?;
+                let key = self.ks.timer(timer);
+                let Some(v) = tx.get(&key).await? else { return Ok(None) };
+                tx.clear(&key)?;
+                let entry: TimerEntry = decode("timer", &v)?;
+                self.fire_one(&tx, timer, &entry, now_ms).await
+            })
+            .await
+    }
+
+    /// The timers of `shard` with `after_ms < fire_at <= until_ms`, earliest first, at most
+    /// `limit`; `true` if the limit cut the list short. Snapshot reads: a shard owner loads
+    /// its window with this, then fires through the fenced paths.
+    pub async fn load_timers(
+        &self,
+        shard: u32,
+        after_ms: i64,
+        until_ms: i64,
+        limit: usize,
+    ) -> Result<(Vec<crate::keys::TimerKey>, bool)> {
+        let width = self.config.bucket_width_ms;
+        self.db
+            .run(|tx| async move {
+                let wm = watermark(&tx, &self.ks, shard).await?;
+                let mut out = Vec::new();
+                let first = bucket_of(after_ms, width).max(wm);
+                for bucket in first..=bucket_of(until_ms, width) {
+                    let left = limit - out.len();
+                    let range =
+                        self.ks.timers_between(bucket, shard, after_ms, until_ms).limit(left + 1);
+                    let rows = tx.get_range(&range, true).await?;
+                    for kv in rows.iter().take(left) {
+                        out.push(self.ks.parse_timer(&kv.key)?);
+                    }
+                    if rows.len() > left {
+                        return Ok((out, true));
+                    }
+                }
+                Ok((out, false))
+            })
+            .await
     }
 
     /// Runs the lease check of one execution now (outside a shard owner's `fire_due`, e.g. for

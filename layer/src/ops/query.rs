@@ -62,6 +62,24 @@ impl Scheduler {
             .await
     }
 
+    /// How many executions of `ns` are in each status (kept by atomic counters, so exact and
+    /// cheap at any scale).
+    pub async fn status_counts(&self, ns: &str) -> Result<Vec<(ExecutionStatus, i64)>> {
+        self.db
+            .run(|tx| async move {
+                let rows = tx.get_range(&self.ks.status_counts(ns), true).await?;
+                let mut out = Vec::new();
+                for kv in rows {
+                    let (_, status) = self.ks.parse_status_count(&kv.key)?;
+                    let status = ExecutionStatus::try_from(status)
+                        .map_err(|_| Error::Corrupt(format!("status count of status {status}")))?;
+                    out.push((status, crate::kv::decode_i64(Some(&kv.value))));
+                }
+                Ok(out)
+            })
+            .await
+    }
+
     /// Lists executions matching `q`, one page at a time.
     pub async fn list(&self, q: &ListQuery) -> Result<ListPage> {
         let limit = match q.limit {

@@ -52,8 +52,11 @@ pub(crate) fn save_execution(
     if before_status != Some(e.status) {
         if let Some(old) = before_status {
             tx.clear(&ks.by_status(&e.namespace, old, e.execute_at_ms, &e.id))?;
+            tx.add_i64(&ks.status_count(&e.namespace, old), -1)?;
         }
         tx.set(&ks.by_status(&e.namespace, e.status, e.execute_at_ms, &e.id), b"")?;
+        // Atomic adds: counting adds no conflict between concurrent transitions.
+        tx.add_i64(&ks.status_count(&e.namespace, e.status), 1)?;
     }
     tx.set(&ks.execution(&e.namespace, &e.id), &encode(e))?;
     Ok(())

@@ -174,6 +174,11 @@ impl World {
             assert_eq!(e.status(), ExecutionStatus::Ready, "ready entry of a non-READY execution");
             assert_eq!(e.ready_at_ms, r.ready_at_ms);
         }
+        let counts = self.sched.status_counts(NS).await.unwrap();
+        for (status, n) in counts {
+            let actual = executions.iter().filter(|e| e.status() == status).count() as i64;
+            assert_eq!(n, actual, "status count of {status:?}");
+        }
         for e in &executions {
             let timer_kind = e.timer.as_ref().map(|t| t.kind());
             let want_timer = match e.status() {

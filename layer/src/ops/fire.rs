@@ -36,7 +36,7 @@ pub struct Fired {
     /// The queue it is ready on, if it became READY.
     pub queue: String,
     /// The execution's next timer, if processing set one (retry back-off, renewed lease).
-    pub next_timer: Option<(i64, TimerKind)>,
+    pub next_timer: Option<crate::keys::TimerKey>,
 }
 
 /// The result of one `fire_due` call.
@@ -168,7 +168,7 @@ impl Scheduler {
             execute_at_ms: e.execute_at_ms,
             status: e.status(),
             queue: e.queue.clone(),
-            next_timer: e.timer.as_ref().map(|t| (t.fire_at_ms, t.kind())),
+            next_timer: super::timer_of(&e),
         }))
     }
 

@@ -37,6 +37,11 @@ use crate::ids::bucket_of;
 use crate::keys::Keyspace;
 use crate::kv::Database;
 
+/// The key of an execution's pending timer, if it has one (for shard owners' windows).
+pub fn timer_of(e: &kairos_proto::storage::v1::Execution) -> Option<crate::keys::TimerKey> {
+    e.timer.as_ref().map(|t| records::timer_key(e, t))
+}
+
 /// Parameters fixed when a cluster is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterParams {

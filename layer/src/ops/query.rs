@@ -62,6 +62,27 @@ impl Scheduler {
             .await
     }
 
+    /// How many executions are in each status, over every namespace.
+    pub async fn all_status_counts(&self) -> Result<Vec<(ExecutionStatus, i64)>> {
+        let rows = self
+            .db
+            .run(|tx| async move {
+                tx.get_range(&self.ks.subspace_range(Tag::StatusCount), true)
+                    .await
+                    .map_err(Error::from)
+            })
+            .await?;
+        let mut sums: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
+        for kv in rows {
+            let (_, status) = self.ks.parse_status_count(&kv.key)?;
+            *sums.entry(status).or_default() += crate::kv::decode_i64(Some(&kv.value));
+        }
+        Ok(sums
+            .into_iter()
+            .filter_map(|(s, n)| ExecutionStatus::try_from(s).ok().map(|s| (s, n)))
+            .collect())
+    }
+
     /// How many executions of `ns` are in each status (kept by atomic counters, so exact and
     /// cheap at any scale).
     pub async fn status_counts(&self, ns: &str) -> Result<Vec<(ExecutionStatus, i64)>> {

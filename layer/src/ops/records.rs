@@ -76,7 +76,7 @@ pub(crate) async fn watermark(tx: &Transaction, ks: &Keyspace, shard: u32) -> Re
     }
 }
 
-fn timer_key(e: &Execution, t: &TimerRef) -> TimerKey {
+pub(crate) fn timer_key(e: &Execution, t: &TimerRef) -> TimerKey {
     TimerKey {
         bucket: t.bucket,
         shard: e.shard,

@@ -1,0 +1,240 @@
+//! Node configuration: defaults, then a YAML file, then `KAIROS_*` environment variables,
+//! then command-line flags. Every value is checked, and an error names the setting.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Where the node keeps its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// redb file in the data directory (the default).
+    Embedded,
+    /// In memory: lost at exit (tests, demos).
+    Memory,
+    /// A FoundationDB cluster (build with `--features fdb`).
+    Fdb,
+}
+
+/// The node's configuration. Field names are the YAML keys.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Stable node id; by default generated once and kept in `<data_dir>/node-id`, so a
+    /// restarted node recognizes its own shard leases.
+    pub node_id: Option<String>,
+    /// Region label of this node.
+    pub region: String,
+    /// Data directory (embedded store, node id).
+    pub data_dir: PathBuf,
+    /// Storage backend.
+    pub backend: Backend,
+    /// FoundationDB cluster file (backend `fdb`); default: the client's default.
+    pub fdb_cluster_file: Option<String>,
+    /// Cluster name: the root of the keyspace.
+    pub cluster: String,
+    /// HTTP listen address (metrics, health; the API arrives with the API issue).
+    pub listen_http: SocketAddr,
+    /// Logical shards, fixed when the cluster is created.
+    pub shard_count: u32,
+    /// Timer bucket width, fixed when the cluster is created.
+    pub bucket_width_ms: i64,
+    /// Shard lease length; renewed every third of it.
+    pub shard_lease_ms: u64,
+    /// A node is alive if it heartbeated within this.
+    pub node_ttl_ms: u64,
+    /// How far ahead a shard owner loads timers into memory.
+    pub window_ms: u64,
+    /// Most timers a shard owner keeps in memory (the rest stays in the store: later, never lost).
+    pub window_timers_max: usize,
+    /// A shard owner scans its shard at least this often (timers written by other nodes).
+    pub poll_interval_ms: u64,
+    /// Timers per fire transaction.
+    pub fire_batch: usize,
+    /// Longest a worker's poll may wait.
+    pub poll_wait_max_ms: u64,
+    /// Per-queue limit of executions in flight through this node (absent: unlimited).
+    pub queue_concurrency: BTreeMap<String, usize>,
+    /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
+    pub log: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_id: None,
+            region: "local".into(),
+            data_dir: PathBuf::from("kairos-data"),
+            backend: Backend::Embedded,
+            fdb_cluster_file: None,
+            cluster: "default".into(),
+            listen_http: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            shard_count: 64,
+            bucket_width_ms: 60_000,
+            shard_lease_ms: 10_000,
+            node_ttl_ms: 30_000,
+            window_ms: 30_000,
+            window_timers_max: 100_000,
+            poll_interval_ms: 1_000,
+            fire_batch: 1_000,
+            poll_wait_max_ms: 60_000,
+            queue_concurrency: BTreeMap::new(),
+            log: "info".into(),
+        }
+    }
+}
+
+/// A configuration error naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config {setting}: {reason}")]
+pub struct ConfigError {
+    /// The setting (YAML key, env variable or flag).
+    pub setting: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { setting: setting.into(), reason: reason.into() }
+}
+
+/// Environment variables read, and the setting each overrides.
+pub const ENV_VARS: [(&str, &str); 7] = [
+    ("KAIROS_NODE_ID", "node_id"),
+    ("KAIROS_DATA_DIR", "data_dir"),
+    ("KAIROS_BACKEND", "backend"),
+    ("KAIROS_LISTEN_HTTP", "listen_http"),
+    ("KAIROS_CLUSTER", "cluster"),
+    ("KAIROS_LOG", "log"),
+    ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
+];
+
+impl NodeConfig {
+    /// Parses a YAML configuration file's text.
+    pub fn from_yaml(text: &str) -> Result<NodeConfig, ConfigError> {
+        serde_yaml_ng::from_str(text).map_err(|e| bad("file", e.to_string()))
+    }
+
+    /// Sets one setting from a string (environment variable or flag value).
+    pub fn set(&mut self, setting: &str, value: &str) -> Result<(), ConfigError> {
+        let num =
+            |v: &str| v.parse::<u64>().map_err(|_| bad(setting, format!("not a number: {v:?}")));
+        match setting {
+            "node_id" => self.node_id = Some(value.to_string()),
+            "region" => self.region = value.to_string(),
+            "data_dir" => self.data_dir = PathBuf::from(value),
+            "backend" => {
+                self.backend = match value {
+                    "embedded" => Backend::Embedded,
+                    "memory" => Backend::Memory,
+                    "fdb" => Backend::Fdb,
+                    other => {
+                        return Err(bad(
+                            setting,
+                            format!("{other:?} is not embedded, memory or fdb"),
+                        ));
+                    }
+                }
+            }
+            "fdb_cluster_file" => self.fdb_cluster_file = Some(value.to_string()),
+            "cluster" => self.cluster = value.to_string(),
+            "listen_http" => {
+                self.listen_http = value
+                    .parse()
+                    .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
+            }
+            "shard_count" => self.shard_count = num(value)? as u32,
+            "shard_lease_ms" => self.shard_lease_ms = num(value)?,
+            "poll_interval_ms" => self.poll_interval_ms = num(value)?,
+            "log" => self.log = value.to_string(),
+            other => return Err(bad(other, "unknown setting")),
+        }
+        Ok(())
+    }
+
+    /// Applies the `KAIROS_*` environment variables found by `get`.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        for (var, setting) in ENV_VARS {
+            if let Some(v) = get(var) {
+                self.set(setting, &v).map_err(|e| bad(var, e.reason))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every setting and their relations.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(id) = &self.node_id
+            && (id.is_empty() || id.len() > 128 || id.contains(char::is_whitespace))
+        {
+            return Err(bad("node_id", "must be 1-128 characters without spaces"));
+        }
+        if self.shard_count == 0 || self.shard_count > 65_536 {
+            return Err(bad("shard_count", "must be between 1 and 65536"));
+        }
+        if self.bucket_width_ms < 1_000 {
+            return Err(bad("bucket_width_ms", "must be at least 1000"));
+        }
+        if self.shard_lease_ms < 1_000 {
+            return Err(bad("shard_lease_ms", "must be at least 1000"));
+        }
+        if self.node_ttl_ms < self.shard_lease_ms {
+            return Err(bad("node_ttl_ms", "must be at least shard_lease_ms"));
+        }
+        if self.window_ms < 1_000 || self.window_timers_max == 0 {
+            return Err(bad(
+                "window_ms",
+                "window must be at least 1000 ms and hold at least one timer",
+            ));
+        }
+        if self.poll_interval_ms == 0 || self.poll_interval_ms > self.window_ms {
+            return Err(bad("poll_interval_ms", "must be between 1 and window_ms"));
+        }
+        if self.fire_batch == 0 || self.fire_batch > 1_000 {
+            return Err(bad("fire_batch", "must be between 1 and 1000"));
+        }
+        if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
+            return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_env_and_flags_layer_in_order() {
+        let mut c = NodeConfig::from_yaml(
+            "data_dir: /tmp/x\nshard_count: 8\nqueue_concurrency: {reports: 4}\n",
+        )
+        .unwrap();
+        assert_eq!(c.shard_count, 8);
+        assert_eq!(c.queue_concurrency["reports"], 4);
+        c.apply_env(|k| (k == "KAIROS_DATA_DIR").then(|| "/tmp/y".to_string())).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/y"));
+        c.set("listen_http", "127.0.0.1:9999").unwrap();
+        assert_eq!(c.listen_http.port(), 9999);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let e = NodeConfig::from_yaml("shard_cont: 8\n").unwrap_err();
+        assert!(e.to_string().contains("shard_cont"), "{e}");
+        let e = NodeConfig::default().set("backend", "postgres").unwrap_err();
+        assert_eq!(e.setting, "backend");
+        let e = NodeConfig::default()
+            .apply_env(|k| (k == "KAIROS_LISTEN_HTTP").then(|| "nope".into()))
+            .unwrap_err();
+        assert_eq!(e.setting, "KAIROS_LISTEN_HTTP");
+        let c = NodeConfig { poll_interval_ms: 0, ..NodeConfig::default() };
+        assert_eq!(c.validate().unwrap_err().setting, "poll_interval_ms");
+        let c = NodeConfig { node_ttl_ms: 10, ..NodeConfig::default() };
+        assert_eq!(c.validate().unwrap_err().setting, "node_ttl_ms");
+    }
+}

@@ -233,6 +233,9 @@ impl Actor for ShardLeaseManager {
                         tracing::warn!(shard, error = %e, "could not release the lease; it will expire");
                     }
                 }
+                if let Err(e) = s.ctx.sched.remove_node(&s.ctx.node_id).await {
+                    tracing::warn!(error = %e, "could not remove the node record; it will go stale");
+                }
                 let _ = reply.send(());
             }
         }

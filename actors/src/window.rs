@@ -168,7 +168,11 @@ mod tests {
         w.fired(1_000, false);
         w.loaded(vec![(1_500, "a".into()), (2_500, "b".into())], 31_000, false);
         assert_eq!(w.decide(1_001), vec![OwnerAction::WakeAt(1_500)]);
-        assert_eq!(w.decide(1_500), vec![OwnerAction::Fire, OwnerAction::WakeAt(2_000)], "next poll");
+        assert_eq!(
+            w.decide(1_500),
+            vec![OwnerAction::Fire, OwnerAction::WakeAt(2_000)],
+            "next poll"
+        );
         w.fired(1_500, false);
         assert_eq!(w.head(), Some(2_500), "fired timers leave the window");
     }

@@ -58,6 +58,9 @@ impl Scheduler {
         let receipt = &self.ks.claim_receipt(ns, worker_id, now_ms, self.rng.next_u64());
         self.db
             .run(|tx| async move {
+                // Read here, not before the loop: a retried claim starts attempts now, never
+                // before the executions it takes became READY.
+                let now_ms = self.clock.now().as_millis().max(now_ms);
                 if let Some(v) = tx.get(receipt).await? {
                     return self.claimed_by_receipt(&tx, ns, &v).await;
                 }

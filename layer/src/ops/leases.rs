@@ -145,6 +145,17 @@ impl Scheduler {
             .await
     }
 
+    /// Removes a node's record (a drained node leaves the live set at once, so the others
+    /// take its share without waiting for its heartbeat to go stale).
+    pub async fn remove_node(&self, node_id: &str) -> Result<()> {
+        self.db
+            .run(|tx| async move {
+                tx.clear(&self.ks.node(node_id))?;
+                Ok(())
+            })
+            .await
+    }
+
     /// Every node on record.
     pub async fn nodes(&self) -> Result<Vec<Node>> {
         self.db

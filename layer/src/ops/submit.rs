@@ -125,6 +125,13 @@ impl Scheduler {
                     }
                     // A retry after an unknown commit result finds its own execution.
                     if let Some(existing) = load_execution(&tx, &self.ks, ns, id).await? {
+                        if &existing.request_fingerprint != print {
+                            // Two submitters drew the same id (80 random bits per ms): refuse
+                            // rather than answer with someone else's execution.
+                            return Err(Error::Corrupt(format!(
+                                "execution id {id} collided with another request; submit again"
+                            )));
+                        }
                         return Ok(Submitted { execution: existing, created: false });
                     }
                     let def = definitions::load(
@@ -145,6 +152,7 @@ impl Scheduler {
                     let snapshot = crate::definition::validate_inputs(&def, &req.inputs)
                         .map_err(|e| invalid(e.field(), e.reason()))?;
                     let mut e = new_execution(&def, req, id, shard, now_ms, &snapshot)?;
+                    e.request_fingerprint = print.clone();
                     let at = e.execute_at_ms;
                     set_timer(
                         &tx,

@@ -194,6 +194,14 @@ impl Actor for ShardLeaseManager {
                 s.busy = false;
                 match r {
                     Ok((acquired, lost, released)) => {
+                        if !acquired.is_empty() || !lost.is_empty() || !released.is_empty() {
+                            tracing::info!(
+                                acquired = acquired.len(),
+                                lost = lost.len(),
+                                released = released.len(),
+                                "shard leases changed"
+                            );
+                        }
                         for shard in lost.iter().chain(&released) {
                             if let Some((_, owner)) = s.held.remove(shard) {
                                 owner.stop(Some("lease lost or released".into()));

@@ -167,7 +167,7 @@ impl Actor for ShardOwner {
             Window::new(now, c.window_ms as i64, c.poll_interval_ms as i64, c.window_timers_max);
         args.ctx.routes.set_owner(args.shard, Some(myself.clone()));
         args.ctx.metrics.shards_owned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::info!(shard = args.shard, epoch = args.epoch, "shard owner started");
+        tracing::debug!(shard = args.shard, epoch = args.epoch, "shard owner started");
         let mut state = OwnerState {
             ctx: args.ctx,
             shard: args.shard,
@@ -188,7 +188,7 @@ impl Actor for ShardOwner {
     ) -> Result<(), ActorProcessingErr> {
         state.ctx.routes.set_owner(state.shard, None);
         state.ctx.metrics.shards_owned.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::info!(shard = state.shard, epoch = state.epoch, "shard owner stopped");
+        tracing::debug!(shard = state.shard, epoch = state.epoch, "shard owner stopped");
         Ok(())
     }
 

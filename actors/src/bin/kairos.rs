@@ -1,64 +1,176 @@
 //! The `kairos` binary.
 //!
-//! `kairos dev [--data-dir DIR]` opens the embedded store (zero set-up) and keeps it open
-//! until Ctrl-C. Today that is the whole node: the scheduler actors, the API server and
-//! `kairos serve` arrive with the node issue; see the README's status section.
+//! ```text
+//! kairos dev   [flags]   one node on the embedded backend in ./kairos-data: no set-up
+//! kairos serve [flags]   a node as configured (file, KAIROS_* env, flags)
+//!
+//! flags: --config FILE  --data-dir DIR  --listen-http ADDR  --node-id ID  --cluster NAME
+//!        --backend embedded|memory|fdb  --shard-count N  --log FILTER
+//! ```
+//! Stops on Ctrl-C / SIGTERM: drains (stops claiming, finishes in-flight transactions,
+//! releases shard leases so other nodes take over at once), then exits.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use kairos_actors::Node;
+use kairos_actors::config::{Backend, ENV_VARS, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
-use kairos_layer::kv::embedded::EmbeddedDatabase;
-use kairos_layer::kv::{Error, decode_i64};
+use kairos_layer::kv::Database;
 
-const USAGE: &str = "usage: kairos dev [--data-dir DIR]   (default DIR: ./kairos-data)";
+const USAGE: &str = "usage: kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] \
+[--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER]";
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("dev") => dev(&args[1..]).await,
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        Some(other) => bail!("unknown command `{other}`\n{USAGE}"),
+    let (command, flags) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
         None => bail!("no command given\n{USAGE}"),
+    };
+    match command {
+        "dev" | "serve" => {}
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        other => bail!("unknown command `{other}`\n{USAGE}"),
     }
+    let config = load_config(flags)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("kairos")
+        .build()
+        .context("starting the runtime")?
+        .block_on(run(config))
 }
 
-async fn dev(args: &[String]) -> anyhow::Result<()> {
-    let mut data_dir = PathBuf::from("kairos-data");
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--data-dir" => {
-                data_dir = PathBuf::from(it.next().context("--data-dir needs a directory")?);
+fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {
+    let mut config = NodeConfig::default();
+    if let Some(i) = flags.iter().position(|f| f == "--config") {
+        let path = flags.get(i + 1).context("--config needs a file")?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+        config = NodeConfig::from_yaml(&text)?;
+    }
+    config.apply_env(|k| std::env::var(k).ok())?;
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        let setting = match flag.as_str() {
+            "--config" => {
+                it.next();
+                continue;
             }
+            "--data-dir" => "data_dir",
+            "--listen-http" => "listen_http",
+            "--node-id" => "node_id",
+            "--cluster" => "cluster",
+            "--backend" => "backend",
+            "--shard-count" => "shard_count",
+            "--log" => "log",
             other => bail!("unknown flag `{other}`\n{USAGE}"),
+        };
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        config.set(setting, value)?;
+    }
+    config.validate()?;
+    let _ = ENV_VARS; // documented in NodeConfig
+    Ok(config)
+}
+
+/// The node id: configured, or kept in the data directory so a restarted node keeps it.
+fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
+    if let Some(id) = &config.node_id {
+        return Ok(id.clone());
+    }
+    let path = config.data_dir.join("node-id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        return Ok(id.trim().to_string());
+    }
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating {}", config.data_dir.display()))?;
+    let id = format!("node-{:016x}", rng.next_u64());
+    std::fs::write(&path, &id).with_context(|| format!("writing {}", path.display()))?;
+    Ok(id)
+}
+
+fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::Result<Database> {
+    Ok(match config.backend {
+        Backend::Embedded => {
+            let path = config.data_dir.join("kv.redb");
+            kairos_layer::kv::embedded::EmbeddedDatabase::open_database(&path, clock, rng)
+                .with_context(|| format!("opening the embedded store {}", path.display()))?
+        }
+        Backend::Memory => kairos_layer::kv::memory::MemoryDatabase::open(
+            clock,
+            rng,
+            kairos_layer::kv::memory::FaultConfig::none(),
+        ),
+        #[cfg(feature = "fdb")]
+        Backend::Fdb => kairos_layer::kv::fdb::FdbDatabase::open_database(
+            config.fdb_cluster_file.as_deref(),
+            clock,
+            rng,
+        )
+        .context("connecting to FoundationDB")?,
+        #[cfg(not(feature = "fdb"))]
+        Backend::Fdb => bail!(
+            "backend fdb: this binary was built without the `fdb` feature (cargo build --features fdb)"
+        ),
+    })
+}
+
+async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
+        .with_context(|| format!("config log: bad filter {:?}", config.log))?;
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let rng = Rng::from_entropy();
+    config.node_id = Some(node_id(&config, &rng)?);
+    let db = open_database(&config, clock.clone(), rng.fork())?;
+    let listen = config.listen_http;
+    let data_dir = config.data_dir.clone();
+    let node = Node::start(config, db.clone(), clock, rng).await?;
+    let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+    let (bound, http) = kairos_actors::http::serve(listen, node.clone(), async {
+        let _ = shutdown_rx.await;
+    })
+    .await
+    .with_context(|| format!("listening on {listen}"))?;
+    println!(
+        "kairos: node {} up — http://{bound} (metrics at /metrics, health at /healthz); data in {}",
+        node.node_id(),
+        display_dir(&data_dir)
+    );
+    wait_for_signal().await;
+    println!("kairos: draining…");
+    node.stop().await;
+    let _ = shutdown_tx.send(());
+    let _ = http.await;
+    db.close().await;
+    println!("kairos: stopped");
+    Ok(())
+}
+
+fn display_dir(p: &Path) -> String {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
     }
-    let clock: SharedClock = Arc::new(SystemClock::default());
-    let path = data_dir.join("kv.redb");
-    let db = EmbeddedDatabase::open_database(&path, clock, Rng::from_entropy())
-        .with_context(|| format!("opening the embedded store at {}", path.display()))?;
-    // Count this start durably: proves the store is writable and survives restarts.
-    let starts = db
-        .run(|tx| async move {
-            tx.add_i64(b"\xfe/kairos/starts", 1)?;
-            Ok::<_, Error>(())
-        })
-        .await
-        .and(db.begin()?.get(b"\xfe/kairos/starts").await)
-        .context("writing to the embedded store")?;
-    println!(
-        "kairos dev: embedded store open at {} (start #{}); Ctrl-C to stop",
-        path.display(),
-        decode_i64(starts.as_deref())
-    );
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
-    db.close().await;
-    println!("kairos dev: store closed");
-    Ok(())
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -79,7 +79,7 @@ impl Default for NodeConfig {
             window_ms: 30_000,
             window_timers_max: 100_000,
             poll_interval_ms: 1_000,
-            fire_batch: 1_000,
+            fire_batch: 256,
             poll_wait_max_ms: 60_000,
             queue_concurrency: BTreeMap::new(),
             log: "info".into(),

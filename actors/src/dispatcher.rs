@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kairos_layer::ops::claim::Claimed;
+use kairos_layer::ops::claim::{CLAIM_MANY_MAX, ClaimSlot, Claimed};
 use kairos_layer::ops::{Error, error::invalid, limits::CLAIM_BATCH_MAX};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -45,8 +45,8 @@ pub enum DispatcherMsg {
         /// Queue.
         queue: String,
     },
-    /// A claim for a waiter finished.
-    Claimed(u64, Result<Vec<Claimed>, Error>),
+    /// A claim for the listed waiters of a queue finished.
+    Claimed(QueueKey, Vec<u64>, Result<Vec<Vec<Claimed>>, Error>),
     /// A waiter's wait ran out.
     Expire(u64),
     /// A watch on a queue's ready signal ended.
@@ -65,7 +65,8 @@ struct Waiter {
     expired: bool,
 }
 
-type QueueKey = (String, String);
+/// (namespace, queue).
+pub type QueueKey = (String, String);
 
 /// The pure part: per-queue in-flight accounting under concurrency limits.
 #[derive(Debug, Default)]
@@ -126,7 +127,10 @@ pub struct DispatcherState {
     ctx: Ctx,
     next_id: u64,
     waiters: BTreeMap<u64, Waiter>,
+    /// Waiters inside an in-flight claim.
     claiming: BTreeSet<u64>,
+    /// Queues with a claim in flight, and whether ready work arrived meanwhile.
+    queue_claims: BTreeMap<QueueKey, bool>,
     watching: BTreeSet<QueueKey>,
     in_flight: InFlight,
     draining: bool,
@@ -137,38 +141,44 @@ impl DispatcherState {
         self.ctx.config.queue_concurrency.get(&q.1).copied()
     }
 
-    fn try_claim(&mut self, myself: &ActorRef<DispatcherMsg>, id: u64) {
-        let Some(w) = self.waiters.get(&id) else { return };
-        if self.claiming.contains(&id) || w.expired {
+    /// Claims for the waiters of `q` in one transaction (one claim in flight per queue per
+    /// node: no conflicts between this node's own pollers).
+    fn claim_queue(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
+        if let Some(again) = self.queue_claims.get_mut(q) {
+            *again = true; // re-run once the claim in flight returns
             return;
         }
-        let q = (w.req.namespace.clone(), w.req.queue.clone());
-        let mut max = w.req.max;
-        if let Some(limit) = self.limit(&q) {
-            max = max.min(limit.saturating_sub(self.in_flight.count(&q)));
-            if max == 0 {
-                return; // parked until something in flight is released
+        let mut room = self.limit(q).map(|l| l.saturating_sub(self.in_flight.count(q)));
+        let mut ids = Vec::new();
+        let mut slots = Vec::new();
+        let mut total = 0;
+        for (id, w) in &self.waiters {
+            if w.expired || w.req.namespace != q.0 || w.req.queue != q.1 {
+                continue;
             }
+            let mut max = w.req.max;
+            if let Some(r) = room.as_mut() {
+                max = max.min(*r);
+                *r -= max;
+            }
+            if max == 0 || total + max > CLAIM_MANY_MAX {
+                break;
+            }
+            total += max;
+            ids.push(*id);
+            slots.push(ClaimSlot { worker_id: w.req.worker_id.clone(), max });
         }
-        self.claiming.insert(id);
-        let (sched, me, req) = (self.ctx.sched.clone(), myself.clone(), w.req.clone());
+        if ids.is_empty() {
+            return; // nobody waiting, or parked until something in flight is released
+        }
+        let lease = self.waiters[&ids[0]].req.lease_ms;
+        self.claiming.extend(ids.iter().copied());
+        self.queue_claims.insert(q.clone(), false);
+        let (sched, me, q) = (self.ctx.sched.clone(), myself.clone(), q.clone());
         tokio::spawn(async move {
-            let r =
-                sched.claim(&req.namespace, &req.queue, &req.worker_id, max, req.lease_ms).await;
-            let _ = me.send_message(DispatcherMsg::Claimed(id, r));
+            let r = sched.claim_many(&q.0, &q.1, &slots, lease).await;
+            let _ = me.send_message(DispatcherMsg::Claimed(q, ids, r));
         });
-    }
-
-    fn wake_queue(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
-        let ids: Vec<u64> = self
-            .waiters
-            .iter()
-            .filter(|(_, w)| w.req.namespace == q.0 && w.req.queue == q.1)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            self.try_claim(myself, id);
-        }
     }
 
     /// Watches the queue's ready-signal counter, so work made ready on other nodes wakes us.
@@ -200,6 +210,25 @@ impl DispatcherState {
         });
     }
 
+    fn record_claimed(&mut self, claimed: &[Claimed]) {
+        let m = &self.ctx.metrics;
+        m.claimed.fetch_add(claimed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        for c in claimed {
+            let e = &c.execution;
+            if c.attempt.number == 1 {
+                let late = u64::try_from(c.attempt.started_at_ms - e.execute_at_ms).unwrap_or(0);
+                m.lateness_start.observe(Duration::from_millis(late));
+            }
+            if let Some(t) = kairos_layer::ops::timer_of(e) {
+                self.ctx.routes.timer_hint(t); // its lease check, to a local owner
+            }
+            let q = (e.namespace.clone(), e.queue.clone());
+            if self.limit(&q).is_some() {
+                self.in_flight.add(&q, &e.id, e.lease_expires_at_ms);
+            }
+        }
+    }
+
     fn answer(&mut self, id: u64, r: PollReply) {
         if let Some(mut w) = self.waiters.remove(&id)
             && let Some(reply) = w.reply.take()
@@ -225,6 +254,7 @@ impl Actor for Dispatcher {
             next_id: 0,
             waiters: BTreeMap::new(),
             claiming: BTreeSet::new(),
+            queue_claims: BTreeMap::new(),
             watching: BTreeSet::new(),
             in_flight: InFlight::default(),
             draining: false,
@@ -251,7 +281,7 @@ impl Actor for Dispatcher {
     ) -> Result<(), ActorProcessingErr> {
         let now = s.ctx.now_ms();
         for q in s.in_flight.prune(now) {
-            s.wake_queue(&myself, &q);
+            s.claim_queue(&myself, &q);
         }
         match msg {
             DispatcherMsg::Poll(req, reply) => {
@@ -269,51 +299,45 @@ impl Actor for Dispatcher {
                 let wait = req.wait_ms.min(s.ctx.config.poll_wait_max_ms);
                 let id = s.next_id;
                 s.next_id += 1;
+                let q = (req.namespace.clone(), req.queue.clone());
                 s.waiters.insert(id, Waiter { req, reply: Some(reply), expired: false });
-                send_after(
-                    &s.ctx.clock,
-                    Duration::from_millis(wait),
-                    myself.clone(),
-                    DispatcherMsg::Expire(id),
-                );
-                s.try_claim(&myself, id);
+                let expire = DispatcherMsg::Expire(id);
+                send_after(&s.ctx.clock, Duration::from_millis(wait), myself.clone(), expire);
+                s.claim_queue(&myself, &q);
             }
-            DispatcherMsg::Ready { ns, queue } => s.wake_queue(&myself, &(ns, queue)),
-            DispatcherMsg::Claimed(id, result) => {
-                s.claiming.remove(&id);
+            DispatcherMsg::Ready { ns, queue } => s.claim_queue(&myself, &(ns, queue)),
+            DispatcherMsg::Claimed(q, ids, result) => {
+                let again = s.queue_claims.remove(&q).unwrap_or(false);
+                for id in &ids {
+                    s.claiming.remove(id);
+                }
+                let mut more = again;
                 match result {
-                    Ok(claimed) if !claimed.is_empty() => {
-                        let m = &s.ctx.metrics;
-                        m.claimed
-                            .fetch_add(claimed.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                        for c in &claimed {
-                            let e = &c.execution;
-                            if c.attempt.number == 1 {
-                                let late = u64::try_from(c.attempt.started_at_ms - e.execute_at_ms)
-                                    .unwrap_or(0);
-                                m.lateness_start.observe(Duration::from_millis(late));
+                    Ok(per_slot) => {
+                        for (id, claimed) in ids.iter().zip(per_slot) {
+                            let wanted = s.waiters.get(id).map_or(0, |w| w.req.max);
+                            if claimed.is_empty() {
+                                if s.waiters.get(id).is_some_and(|w| w.expired) || s.draining {
+                                    s.answer(*id, Ok(Vec::new()));
+                                }
+                                continue;
                             }
-                            if let Some(t) = kairos_layer::ops::timer_of(e) {
-                                s.ctx.routes.timer_hint(t); // its lease check, to a local owner
-                            }
-                            let q = (e.namespace.clone(), e.queue.clone());
-                            if s.limit(&q).is_some() {
-                                s.in_flight.add(&q, &e.id, e.lease_expires_at_ms);
-                            }
-                        }
-                        s.answer(id, Ok(claimed));
-                    }
-                    Ok(_) => {
-                        // Nothing ready: wait for a hint or the watch, unless time is up.
-                        let Some(w) = s.waiters.get(&id) else { return Ok(()) };
-                        if w.expired || s.draining {
-                            s.answer(id, Ok(Vec::new()));
-                        } else {
-                            let q = (w.req.namespace.clone(), w.req.queue.clone());
-                            s.ensure_watch(&myself, &q);
+                            more |= claimed.len() == wanted; // the queue may hold more
+                            s.record_claimed(&claimed);
+                            s.answer(*id, Ok(claimed));
                         }
                     }
-                    Err(e) => s.answer(id, Err(e)),
+                    Err(e) => {
+                        for id in &ids {
+                            s.answer(*id, Err(e.clone()));
+                        }
+                    }
+                }
+                let waiting = s.waiters.values().any(|w| w.req.namespace == q.0 && w.req.queue == q.1);
+                if waiting && more {
+                    s.claim_queue(&myself, &q);
+                } else if waiting {
+                    s.ensure_watch(&myself, &q); // nothing ready: wait for a hint or the watch
                 }
             }
             DispatcherMsg::Expire(id) => {
@@ -336,7 +360,7 @@ impl Actor for Dispatcher {
             }
             DispatcherMsg::Released(id) => {
                 if let Some(q) = s.in_flight.remove(&id) {
-                    s.wake_queue(&myself, &q);
+                    s.claim_queue(&myself, &q);
                 }
             }
             DispatcherMsg::Extended(id, until) => s.in_flight.extend(&id, until),

@@ -1,5 +1,6 @@
-//! ExecutionSupervisor: one per in-flight execution (RUNNING with a LEASE_CHECK timer, or
-//! RETRY_WAIT with a RETRY timer) of a shard this node owns. It holds that execution's next
+//! ExecutionSupervisor: one per in-flight execution of a shard this node owns that outlived
+//! a timer — RUNNING past its first lease check (heartbeats renewed it), or RETRY_WAIT after
+//! a failed or timed-out attempt. It holds that execution's next
 //! deadline in memory and, exactly when it passes, runs the fenced `fire_timer` transaction:
 //! a lease that expired times the attempt out and applies the retry policy (capped
 //! exponential back-off, full jitter — decided in the transaction), a renewed lease moves the
@@ -16,7 +17,7 @@ use kairos_layer::ops::fire::Fired;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::context::{Ctx, send_after};
-use crate::shard_owner::{after_fired, is_ownership_lost};
+use crate::shard_owner::{after_fired, hint_ready_queues, is_ownership_lost};
 
 /// Messages of an execution supervisor.
 #[derive(Debug)]
@@ -157,6 +158,7 @@ impl Actor for ExecutionSupervisor {
                 s.firing = false;
                 if let Some(f) = &fired {
                     after_fired(&s.ctx, f, s.ctx.now_ms());
+                    hint_ready_queues(&s.ctx, [f]);
                 }
                 let (next_timer, next) = on_fired(&s.timer, fired.as_ref());
                 if let Some(t) = next_timer {

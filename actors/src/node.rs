@@ -125,6 +125,18 @@ impl Node {
         Ok(s)
     }
 
+    /// Submits up to 1,000 executions in one transaction; each gets its own result.
+    pub async fn submit_batch(&self, reqs: Vec<SubmitRequest>) -> ops::Result<Vec<ops::Result<Submitted>>> {
+        let out = self.ctx().sched.submit_batch(reqs).await?;
+        for s in out.iter().flatten().filter(|s| s.created) {
+            self.ctx().metrics.submitted.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = timer_of(&s.execution) {
+                self.ctx().routes.timer_hint(t);
+            }
+        }
+        Ok(out)
+    }
+
     /// A worker's long poll: READY executions of the queue, waiting up to `wait_ms` for some.
     pub async fn poll(&self, req: PollRequest) -> ops::Result<Vec<Claimed>> {
         let Some(d) = self.ctx().routes.dispatcher() else {

@@ -1,8 +1,10 @@
-//! ShardOwner: one per shard this node holds a lease on. Loads the shard's upcoming DUE
-//! timers into its [`Window`], fires them in batched, epoch-fenced `fire_due` transactions
-//! when due (woken by local hints, not only polling), scans the shard at least every poll
-//! interval (timers written by other nodes, clamped timers, anything the window dropped), and
-//! spawns an [`ExecutionSupervisor`] per in-flight execution (LEASE_CHECK / RETRY timers).
+//! ShardOwner: one per shard this node holds a lease on. Loads the shard's upcoming timers
+//! into its [`Window`], fires them in batched, epoch-fenced `fire_due` transactions when due
+//! (woken by local hints, not only polling), scans the shard at least every poll interval
+//! (timers written by other nodes, clamped timers, anything the window dropped), and spawns
+//! an [`ExecutionSupervisor`] for each execution that stays in flight after one of its timers
+//! was processed (lease renewed by heartbeats, or waiting out a retry back-off). Executions
+//! that complete within their first lease never need one.
 //!
 //! Transactions run in spawned tasks whose results come back as messages: a handler never
 //! waits on the store.
@@ -57,8 +59,8 @@ pub struct OwnerState {
     by_actor: BTreeMap<ractor::ActorId, String>,
 }
 
-/// Records metrics for a processed timer and routes what it produced: ready work to the
-/// dispatcher, a next timer to its supervisor. Shared by owners and supervisors.
+/// Records metrics for a processed timer. Shared by owners and supervisors; the callers route
+/// what it produced (ready work to the dispatcher, once per queue; next timers to supervisors).
 pub(crate) fn after_fired(ctx: &Ctx, f: &Fired, now_ms: i64) {
     let m = &ctx.metrics;
     m.timers_fired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -73,11 +75,17 @@ pub(crate) fn after_fired(ctx: &Ctx, f: &Fired, now_ms: i64) {
     if f.status == ExecutionStatus::RetryWait {
         m.retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    if f.status == ExecutionStatus::Ready {
-        ctx.routes.ready_hint(&f.namespace, &f.queue);
-    }
-    if let Some(t) = &f.next_timer {
-        ctx.routes.timer_hint(t.clone());
+}
+
+/// Tells the dispatcher about every queue that got ready work, once each.
+pub(crate) fn hint_ready_queues<'a>(ctx: &Ctx, fired: impl IntoIterator<Item = &'a Fired>) {
+    let queues: std::collections::BTreeSet<(&str, &str)> = fired
+        .into_iter()
+        .filter(|f| f.status == ExecutionStatus::Ready)
+        .map(|f| (f.namespace.as_str(), f.queue.as_str()))
+        .collect();
+    for (ns, queue) in queues {
+        ctx.routes.ready_hint(ns, queue);
     }
 }
 
@@ -118,12 +126,20 @@ impl OwnerState {
         }
     }
 
-    /// Routes a timer: DUE ones to the window, the others to their execution's supervisor.
-    async fn route(&mut self, myself: &ActorRef<OwnerMsg>, t: TimerKey) {
-        if t.kind == TimerKind::Due as i32 {
-            self.window.hint(t.fire_at_ms, t.execution_id);
-            return;
+    /// Routes a timer: to its execution's supervisor if it has one, else to the window (the
+    /// batched `fire_due` processes it when due).
+    fn route(&mut self, t: TimerKey) {
+        match self.supervisors.get(&t.execution_id) {
+            Some(s) => {
+                let _ = s.send_message(ExecMsg::Reschedule(t));
+            }
+            None => self.window.hint(t.fire_at_ms, t.execution_id),
         }
+    }
+
+    /// Follows an execution that stays in flight after one of its timers was processed
+    /// (lease renewed, or retry back-off) with an execution supervisor.
+    async fn supervise(&mut self, myself: &ActorRef<OwnerMsg>, t: TimerKey) {
         if let Some(s) = self.supervisors.get(&t.execution_id) {
             let _ = s.send_message(ExecMsg::Reschedule(t));
             return;
@@ -204,11 +220,17 @@ impl Actor for ShardOwner {
                     state.wake_at = None;
                 }
             }
-            OwnerMsg::Hint(t) => state.route(&myself, t).await,
+            OwnerMsg::Hint(t) => state.route(t),
             OwnerMsg::Fired(Ok(out), at) => {
                 let now = state.ctx.now_ms();
                 for f in &out.fired {
                     after_fired(&state.ctx, f, now);
+                }
+                hint_ready_queues(&state.ctx, &out.fired);
+                for f in out.fired {
+                    if let Some(t) = f.next_timer.filter(|t| t.kind != TimerKind::Due as i32) {
+                        state.supervise(&myself, t).await;
+                    }
                 }
                 state.window.fired(at, out.more);
             }
@@ -222,15 +244,12 @@ impl Actor for ShardOwner {
                 state.window.fire_failed(at);
             }
             OwnerMsg::Loaded(Ok((timers, truncated)), until) => {
-                let mut due = Vec::new();
-                for t in timers {
-                    if t.kind == TimerKind::Due as i32 {
-                        due.push((t.fire_at_ms, t.execution_id));
-                    } else {
-                        state.route(&myself, t).await;
-                    }
-                }
-                state.window.loaded(due, until, truncated);
+                let unsupervised = timers
+                    .into_iter()
+                    .filter(|t| !state.supervisors.contains_key(&t.execution_id))
+                    .map(|t| (t.fire_at_ms, t.execution_id))
+                    .collect();
+                state.window.loaded(unsupervised, until, truncated);
             }
             OwnerMsg::Loaded(Err(e), _) => {
                 tracing::warn!(shard = state.shard, error = %e, "loading timers failed");

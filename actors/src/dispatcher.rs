@@ -333,7 +333,8 @@ impl Actor for Dispatcher {
                         }
                     }
                 }
-                let waiting = s.waiters.values().any(|w| w.req.namespace == q.0 && w.req.queue == q.1);
+                let waiting =
+                    s.waiters.values().any(|w| w.req.namespace == q.0 && w.req.queue == q.1);
                 if waiting && more {
                     s.claim_queue(&myself, &q);
                 } else if waiting {

@@ -10,7 +10,7 @@ use kairos_layer::keys::Keyspace;
 use kairos_layer::kv::Database;
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::submit::{SubmitRequest, Submitted};
-use kairos_layer::ops::worker::HeartbeatOutcome;
+use kairos_layer::ops::worker::{Completion, HeartbeatOutcome};
 use kairos_layer::ops::{self, ClusterParams, Error, Scheduler, timer_of};
 use kairos_proto::storage::v1::{Execution, ExecutionError, ExecutionStatus};
 use ractor::rpc::CallResult;
@@ -126,7 +126,10 @@ impl Node {
     }
 
     /// Submits up to 1,000 executions in one transaction; each gets its own result.
-    pub async fn submit_batch(&self, reqs: Vec<SubmitRequest>) -> ops::Result<Vec<ops::Result<Submitted>>> {
+    pub async fn submit_batch(
+        &self,
+        reqs: Vec<SubmitRequest>,
+    ) -> ops::Result<Vec<ops::Result<Submitted>>> {
         let out = self.ctx().sched.submit_batch(reqs).await?;
         for s in out.iter().flatten().filter(|s| s.created) {
             self.ctx().metrics.submitted.fetch_add(1, Ordering::Relaxed);
@@ -193,6 +196,22 @@ impl Node {
             self.dispatcher_cast(DispatcherMsg::Released(id.to_string()));
         }
         r
+    }
+
+    /// Completes many attempts in one transaction (a worker flushing its finished slots).
+    pub async fn complete_many(
+        &self,
+        items: Vec<Completion>,
+    ) -> ops::Result<Vec<ops::Result<Execution>>> {
+        let out = self.ctx().sched.complete_many(items).await?;
+        for r in &out {
+            self.count_fenced(r);
+            if let Ok(e) = r {
+                self.ctx().metrics.attempt("succeeded");
+                self.dispatcher_cast(DispatcherMsg::Released(e.id.clone()));
+            }
+        }
+        Ok(out)
     }
 
     /// Fails an attempt (fenced); retryable errors are retried per the retry policy.

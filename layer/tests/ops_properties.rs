@@ -434,14 +434,23 @@ async fn batches_report_each_request_and_dedup_inside() {
     let mut bad = request(None, T0);
     bad.inputs["report_date"] = serde_json::json!("not a date");
     reqs.push(bad);
-    reqs.push({ let mut r = request(Some("other"), T0); r.definition = "missing".into(); r });
+    reqs.push({
+        let mut r = request(Some("other"), T0);
+        r.definition = "missing".into();
+        r
+    });
     reqs.extend((0..50).map(|i| request(None, T0 + i)));
     let out = w.sched.submit_batch(reqs).await.unwrap();
     assert_eq!(out.len(), 54);
     let a = out[0].as_ref().unwrap();
     let b = out[1].as_ref().unwrap();
-    assert!(a.created && !b.created && a.execution.id == b.execution.id, "one execution per key in a batch");
-    assert!(matches!(&out[2], Err(Error::InvalidArgument { field, .. }) if field == "inputs.report_date"));
+    assert!(
+        a.created && !b.created && a.execution.id == b.execution.id,
+        "one execution per key in a batch"
+    );
+    assert!(
+        matches!(&out[2], Err(Error::InvalidArgument { field, .. }) if field == "inputs.report_date")
+    );
     assert!(matches!(&out[3], Err(Error::NotFound { .. })));
     assert!(out[4..].iter().all(|r| r.as_ref().is_ok_and(|s| s.created)));
     w.check_invariants().await;

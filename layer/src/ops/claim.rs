@@ -48,7 +48,10 @@ impl Scheduler {
         lease_ms: Option<u64>,
     ) -> Result<Vec<Claimed>> {
         if max == 0 || max > CLAIM_BATCH_MAX {
-            return Err(invalid("maxExecutions", format!("must be between 1 and {CLAIM_BATCH_MAX}")));
+            return Err(invalid(
+                "maxExecutions",
+                format!("must be between 1 and {CLAIM_BATCH_MAX}"),
+            ));
         }
         let slots = [ClaimSlot { worker_id: worker_id.to_string(), max }];
         let mut out = self.claim_many(ns, queue, &slots, lease_ms).await?;
@@ -70,7 +73,10 @@ impl Scheduler {
         for s in slots {
             check_name("workerId", &s.worker_id)?;
             if s.max == 0 || s.max > CLAIM_BATCH_MAX {
-                return Err(invalid("maxExecutions", format!("must be between 1 and {CLAIM_BATCH_MAX}")));
+                return Err(invalid(
+                    "maxExecutions",
+                    format!("must be between 1 and {CLAIM_BATCH_MAX}"),
+                ));
             }
         }
         let total: usize = slots.iter().map(|s| s.max).sum();
@@ -80,7 +86,10 @@ impl Scheduler {
         if let Some(l) = lease_ms
             && !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&l)
         {
-            return Err(invalid("leaseMs", format!("must be between {LEASE_MS_MIN} and {LEASE_MS_MAX}")));
+            return Err(invalid(
+                "leaseMs",
+                format!("must be between {LEASE_MS_MIN} and {LEASE_MS_MAX}"),
+            ));
         }
         let now_ms = self.clock.now().as_millis();
         // Chosen outside the retry loop: a retry after an unknown commit result finds the
@@ -120,13 +129,16 @@ impl Scheduler {
                     tx.add_read_conflict_key(key)?;
                     tx.clear(key)?;
                     let entry = self.ks.parse_ready(key)?;
-                    let Some(e) = load_execution(&tx, &self.ks, ns, &entry.execution_id).await? else {
+                    let Some(e) = load_execution(&tx, &self.ks, ns, &entry.execution_id).await?
+                    else {
                         continue; // a stale entry: cleared above
                     };
                     if e.status != ExecutionStatus::Ready as i32 {
                         continue;
                     }
-                    let c = self.start_attempt(&tx, e, &slots[slot].worker_id, lease_ms, now_ms).await?;
+                    let c = self
+                        .start_attempt(&tx, e, &slots[slot].worker_id, lease_ms, now_ms)
+                        .await?;
                     taken.push((c.execution.id.clone(), c.attempt.fencing_token, slot as u32));
                     out[slot].push(c);
                 }
@@ -170,7 +182,15 @@ impl Scheduler {
         };
         save_attempt(tx, self, &attempt, &e.namespace)?;
         let deadline = e.lease_expires_at_ms;
-        set_timer(tx, &self.ks, self.config.bucket_width_ms, &mut e, TimerKind::LeaseCheck, deadline).await?;
+        set_timer(
+            tx,
+            &self.ks,
+            self.config.bucket_width_ms,
+            &mut e,
+            TimerKind::LeaseCheck,
+            deadline,
+        )
+        .await?;
         save_execution(tx, &self.ks, Some(before), &e)?;
         Ok(Claimed { execution: e, attempt })
     }
@@ -182,8 +202,8 @@ impl Scheduler {
         receipt: &[u8],
         slots: usize,
     ) -> Result<Vec<Vec<Claimed>>> {
-        let taken: Vec<(String, u64, u32)> =
-            crate::tuple::unpack(receipt).map_err(|e| Error::Corrupt(format!("claim receipt: {e}")))?;
+        let taken: Vec<(String, u64, u32)> = crate::tuple::unpack(receipt)
+            .map_err(|e| Error::Corrupt(format!("claim receipt: {e}")))?;
         let mut out: Vec<Vec<Claimed>> = vec![Vec::new(); slots];
         for (id, token, slot) in taken {
             let Some(e) = load_execution(tx, &self.ks, ns, &id).await? else { continue };

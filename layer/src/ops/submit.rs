@@ -10,8 +10,8 @@ use super::limits::{
 };
 use super::records::{decode, encode, load_execution, save_execution, set_timer};
 use super::{Scheduler, definitions};
-use crate::kv::Transaction;
 use crate::ids::{fingerprint, new_execution_id, shard_of};
+use crate::kv::Transaction;
 
 /// A request to run one execution of a definition version at `execute_at_ms`.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +121,10 @@ impl Scheduler {
         {
             let rec: IdempotencyRecord = decode("idempotency", &v)?;
             if &rec.fingerprint != print {
-                return Err(Error::IdempotencyConflict { key: key.clone(), execution_id: rec.execution_id });
+                return Err(Error::IdempotencyConflict {
+                    key: key.clone(),
+                    execution_id: rec.execution_id,
+                });
             }
             let existing = load_execution(tx, &self.ks, ns, &rec.execution_id)
                 .await?
@@ -143,7 +146,10 @@ impl Scheduler {
             .await?
             .ok_or_else(|| Error::NotFound {
                 what: "definition",
-                id: format!("registry://jobs/{} version {}", req.definition, req.definition_version),
+                id: format!(
+                    "registry://jobs/{} version {}",
+                    req.definition, req.definition_version
+                ),
             })?;
         let snapshot = crate::definition::validate_inputs(&def, &req.inputs)
             .map_err(|e| invalid(e.field(), e.reason()))?;
@@ -176,10 +182,14 @@ impl Scheduler {
     /// the batch resolve to one execution.
     pub async fn submit_batch(&self, reqs: Vec<SubmitRequest>) -> Result<Vec<Result<Submitted>>> {
         if reqs.len() > SUBMIT_BATCH_MAX {
-            return Err(invalid("requests", format!("at most {SUBMIT_BATCH_MAX} per batch, got {}", reqs.len())));
+            return Err(invalid(
+                "requests",
+                format!("at most {SUBMIT_BATCH_MAX} per batch, got {}", reqs.len()),
+            ));
         }
         let now_ms = self.clock.now().as_millis();
-        let prepared: Vec<Result<Prepared>> = reqs.into_iter().map(|r| self.prepare(r, now_ms)).collect();
+        let prepared: Vec<Result<Prepared>> =
+            reqs.into_iter().map(|r| self.prepare(r, now_ms)).collect();
         self.db
             .run(|tx| {
                 let prepared = &prepared;

@@ -13,6 +13,45 @@ use super::retry::retry_delay_ms;
 use crate::kv::Transaction;
 use crate::state::{AttemptEvent, ExecutionEvent, attempt_transition, execution_transition};
 
+/// A successful attempt's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// Namespace.
+    pub namespace: String,
+    /// The execution.
+    pub execution_id: String,
+    /// The attempt's fencing token.
+    pub token: u64,
+    /// Inline output (JSON, may be empty).
+    pub output_json: Vec<u8>,
+    /// Where a larger output lives (may be empty).
+    pub output_reference: String,
+}
+
+/// Most completions one `complete_many` takes.
+pub const COMPLETE_BATCH_MAX: usize = 1_000;
+
+fn check_completion(c: &Completion) -> Result<()> {
+    if c.output_json.len() > OUTPUT_BYTES_MAX {
+        return Err(invalid(
+            "output",
+            format!("is {} bytes, the limit is {OUTPUT_BYTES_MAX}", c.output_json.len()),
+        ));
+    }
+    if !c.output_json.is_empty()
+        && serde_json::from_slice::<serde_json::Value>(&c.output_json).is_err()
+    {
+        return Err(invalid("output", "must be JSON"));
+    }
+    if c.output_reference.len() > OUTPUT_REFERENCE_BYTES_MAX {
+        return Err(invalid(
+            "outputReference",
+            format!("is over {OUTPUT_REFERENCE_BYTES_MAX} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// What a heartbeat reports back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatOutcome {
@@ -170,52 +209,75 @@ impl Scheduler {
         output_json: Vec<u8>,
         output_reference: String,
     ) -> Result<Execution> {
-        if output_json.len() > OUTPUT_BYTES_MAX {
-            return Err(invalid(
-                "output",
-                format!("is {} bytes, the limit is {OUTPUT_BYTES_MAX}", output_json.len()),
-            ));
+        let c = Completion {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            output_json,
+            output_reference,
+        };
+        check_completion(&c)?;
+        let now_ms = self.clock.now().as_millis();
+        let c = &c;
+        self.db.run(|tx| async move { self.complete_in(&tx, c, now_ms).await }).await
+    }
+
+    /// Completes many attempts in one transaction (one commit for all); each gets its own
+    /// result (a fenced-out one does not stop the others).
+    pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<Execution>>> {
+        if items.len() > COMPLETE_BATCH_MAX {
+            return Err(invalid("completions", format!("at most {COMPLETE_BATCH_MAX} per call")));
         }
-        if !output_json.is_empty()
-            && serde_json::from_slice::<serde_json::Value>(&output_json).is_err()
-        {
-            return Err(invalid("output", "must be JSON"));
-        }
-        if output_reference.len() > OUTPUT_REFERENCE_BYTES_MAX {
-            return Err(invalid(
-                "outputReference",
-                format!("is over {OUTPUT_REFERENCE_BYTES_MAX} bytes"),
-            ));
-        }
+        let checked: Vec<Result<Completion>> =
+            items.into_iter().map(|c| check_completion(&c).map(|()| c)).collect();
         let now_ms = self.clock.now().as_millis();
         self.db
             .run(|tx| {
-                let (output_json, output_reference) =
-                    (output_json.clone(), output_reference.clone());
+                let checked = &checked;
                 async move {
-                    let mut e = require_execution(&tx, &self.ks, ns, id).await?;
-                    if e.fencing_token == token && e.status == ExecutionStatus::Succeeded as i32 {
-                        return Ok(e); // this completion already committed
+                    let mut out = Vec::with_capacity(checked.len());
+                    for c in checked {
+                        out.push(match c {
+                            Err(e) => Err(e.clone()),
+                            Ok(c) => match self.complete_in(&tx, c, now_ms).await {
+                                Err(Error::Kv(e)) => return Err(Error::Kv(e)),
+                                r => r,
+                            },
+                        });
                     }
-                    fence(&e, token)?;
-                    let before = e.status;
-                    let mut a = load_attempt(&tx, self, &e).await?;
-                    a.status = attempt_transition(a.status(), AttemptEvent::Succeed)? as i32;
-                    a.ended_at_ms = now_ms;
-                    save_attempt(&tx, self, &a, ns)?;
-                    clear_timer(&tx, &self.ks, &mut e)?;
-                    e.status = execution_transition(e.status(), ExecutionEvent::Succeed)? as i32;
-                    e.output_json = output_json;
-                    e.output_reference = output_reference;
-                    e.error = None;
-                    e.finished_at_ms = now_ms;
-                    e.updated_at_ms = now_ms;
-                    e.lease_expires_at_ms = 0;
-                    save_execution(&tx, &self.ks, Some(before), &e)?;
-                    Ok(e)
+                    Ok(out)
                 }
             })
             .await
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &Transaction,
+        c: &Completion,
+        now_ms: i64,
+    ) -> Result<Execution> {
+        let (ns, id, token) = (c.namespace.as_str(), c.execution_id.as_str(), c.token);
+        let mut e = require_execution(tx, &self.ks, ns, id).await?;
+        if e.fencing_token == token && e.status == ExecutionStatus::Succeeded as i32 {
+            return Ok(e); // this completion already committed
+        }
+        fence(&e, token)?;
+        let before = e.status;
+        let mut a = load_attempt(tx, self, &e).await?;
+        a.status = attempt_transition(a.status(), AttemptEvent::Succeed)? as i32;
+        a.ended_at_ms = now_ms;
+        save_attempt(tx, self, &a, ns)?;
+        clear_timer(tx, &self.ks, &mut e)?;
+        e.status = execution_transition(e.status(), ExecutionEvent::Succeed)? as i32;
+        e.output_json = c.output_json.clone();
+        e.output_reference = c.output_reference.clone();
+        e.error = None;
+        e.finished_at_ms = now_ms;
+        e.updated_at_ms = now_ms;
+        e.lease_expires_at_ms = 0;
+        save_execution(tx, &self.ks, Some(before), &e)?;
+        Ok(e)
     }
 
     /// Fails the current attempt. Retryable errors lead to another attempt after a back-off

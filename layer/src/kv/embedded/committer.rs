@@ -2,7 +2,7 @@
 //! batch in one redb transaction with one fsync.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 
 use bytes::Bytes;
@@ -12,10 +12,10 @@ use tokio::sync::oneshot;
 use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
-use crate::kv::local::CommitRequest;
 use crate::kv::local::mutation::{ApplyTarget, Change, apply, stamped_write_ranges};
 use crate::kv::local::resolver::Resolver;
 use crate::kv::local::watch::Watches;
+use crate::kv::local::{ActiveReads, CommitRequest};
 use crate::kv::{CommitInfo, Versionstamp};
 
 pub(crate) struct Job {
@@ -29,6 +29,9 @@ pub(crate) struct Committer {
     watches: Arc<Watches>,
     stats: Arc<EmbeddedStats>,
     resolver: Resolver,
+    active: Arc<ActiveReads>,
+    /// The last version made durable (and visible to new snapshots).
+    published: Arc<AtomicU64>,
 }
 
 struct TableTarget<'a, 't> {
@@ -62,8 +65,9 @@ impl Committer {
         watches: Arc<Watches>,
         stats: Arc<EmbeddedStats>,
         version: u64,
+        (active, published): (Arc<ActiveReads>, Arc<AtomicU64>),
     ) -> Self {
-        Committer { db, clock, watches, stats, resolver: Resolver::new(version) }
+        Committer { db, clock, watches, stats, resolver: Resolver::new(version), active, published }
     }
 
     /// Serves commits until every sender is dropped.
@@ -90,6 +94,9 @@ impl Committer {
                 let mut meta = w.open_table(META).map_err(storage)?;
                 let now = self.clock.now();
                 let collect = self.watches.any();
+                // Versions above the published one are not durable yet, so no snapshot holds
+                // them: the floor stays at or below what snapshots can see.
+                let floor = self.active.floor(self.published.load(Ordering::Acquire));
                 for job in batch {
                     let req = job.req;
                     if let Err(e) = self.resolver.check(req.read_version, &req.read_conflicts) {
@@ -103,7 +110,7 @@ impl Committer {
                     writes.extend(stamped_write_ranges(&req.mutations, &stamp));
                     let mut target = TableTarget { table: &mut table };
                     changes.extend(apply(&mut target, &req.mutations, &stamp, collect)?);
-                    self.resolver.record(version, writes, now);
+                    self.resolver.record(version, writes, now, floor);
                     let info = CommitInfo { version: Some(version), versionstamp: Some(stamp) };
                     accepted.push((job.reply, info));
                 }
@@ -118,6 +125,7 @@ impl Committer {
         })();
         match outcome {
             Ok(()) => {
+                self.published.store(self.resolver.version(), Ordering::Release);
                 if !accepted.is_empty() {
                     self.stats.engine_commits.fetch_add(1, Ordering::Relaxed);
                     self.stats

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use self::committer::{Committer, Job};
 use super::error::{Error, Result};
 use super::local::watch::{WatchSender, Watches};
-use super::local::{CommitRequest, LocalStore, LocalTransaction, Snapshot};
+use super::local::{ActiveReads, CommitRequest, LocalStore, LocalTransaction, Snapshot};
 use super::{CommitInfo, Database, KvDatabase, KvTransaction};
 use crate::env::{BoxFuture, Rng, SharedClock};
 
@@ -31,6 +31,9 @@ pub(crate) const DATA: TableDefinition<'static, &'static [u8], &'static [u8]> =
     TableDefinition::new("kv");
 pub(crate) const META: TableDefinition<'static, &'static str, u64> = TableDefinition::new("meta");
 pub(crate) const META_VERSION: &str = "version";
+
+/// redb's page cache (its default, 1 GiB, is more than a node should take by default).
+pub const CACHE_BYTES: usize = 256 * 1024 * 1024;
 
 /// Most transactions written by one engine commit (one fsync).
 pub const GROUP_COMMIT_TRANSACTIONS_MAX: usize = 8_192;
@@ -63,6 +66,8 @@ struct Shared {
     committer: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
     stats: Arc<EmbeddedStats>,
+    active: Arc<ActiveReads>,
+    published: Arc<AtomicU64>,
     path: PathBuf,
 }
 
@@ -92,7 +97,9 @@ impl EmbeddedDatabase {
                 Error::Storage(format!("cannot create directory {}: {e}", dir.display()))
             })?;
         }
-        let db = redb::Database::create(&path)
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(&path)
             .map_err(|e| Error::Storage(format!("cannot open {}: {e}", path.display())))?;
         let version = {
             let w = db.begin_write().map_err(storage("begin write"))?;
@@ -108,8 +115,16 @@ impl EmbeddedDatabase {
         let watches = Arc::new(Watches::default());
         let stats = Arc::new(EmbeddedStats::default());
         let (tx, rx) = std::sync::mpsc::channel();
-        let committer =
-            Committer::new(db.clone(), clock.clone(), watches.clone(), stats.clone(), version);
+        let active = Arc::new(ActiveReads::default());
+        let published = Arc::new(AtomicU64::new(version));
+        let committer = Committer::new(
+            db.clone(),
+            clock.clone(),
+            watches.clone(),
+            stats.clone(),
+            version,
+            (active.clone(), published.clone()),
+        );
         let handle = std::thread::Builder::new()
             .name("kairos-group-commit".into())
             .spawn(move || committer.run(rx))
@@ -122,6 +137,8 @@ impl EmbeddedDatabase {
             committer: Mutex::new(Some(handle)),
             closed: AtomicBool::new(false),
             stats,
+            active,
+            published,
             path,
         });
         Ok(EmbeddedDatabase { store: Arc::new(Store(shared.clone())), shared })
@@ -194,6 +211,14 @@ impl Snapshot for RedbSnapshot {
 impl LocalStore for Store {
     fn clock(&self) -> &SharedClock {
         &self.0.clock
+    }
+
+    fn active(&self) -> &ActiveReads {
+        &self.0.active
+    }
+
+    fn published_version(&self) -> u64 {
+        self.0.published.load(Ordering::Acquire)
     }
 
     fn snapshot(&self) -> Result<Arc<dyn Snapshot>> {

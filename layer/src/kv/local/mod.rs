@@ -39,9 +39,44 @@ pub(crate) trait Snapshot: Send + Sync {
     ) -> Result<()>;
 }
 
+/// Read versions of live transactions (a lower bound each), so the resolver and the MVCC
+/// store forget history no live transaction can need — in practice milliseconds of it, not
+/// the whole 5 s window.
+#[derive(Debug, Default)]
+pub(crate) struct ActiveReads {
+    versions: Mutex<BTreeMap<u64, usize>>,
+}
+
+impl ActiveReads {
+    fn enter(&self, v: u64) {
+        *self.versions.lock().unwrap_or_else(|e| e.into_inner()).entry(v).or_default() += 1;
+    }
+
+    fn exit(&self, v: u64) {
+        let mut m = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = m.get_mut(&v) {
+            *c -= 1;
+            if *c == 0 {
+                m.remove(&v);
+            }
+        }
+    }
+
+    /// History at or below this version is needed by no live transaction (and by no later
+    /// one, whose snapshot is at least `current`).
+    pub(crate) fn floor(&self, current: u64) -> u64 {
+        let m = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        m.first_key_value().map_or(current, |(v, _)| (*v).min(current))
+    }
+}
+
 /// What the memory and embedded backends provide to the shared transaction engine.
 pub(crate) trait LocalStore: Send + Sync + 'static {
     fn clock(&self) -> &SharedClock;
+    /// Live transactions' read versions.
+    fn active(&self) -> &ActiveReads;
+    /// A version no higher than the next snapshot's (the last one published as committed).
+    fn published_version(&self) -> u64;
     /// A snapshot at the latest committed (and, for embedded, durable) version.
     fn snapshot(&self) -> Result<Arc<dyn Snapshot>>;
     /// Resolves and applies a commit with at least one mutation.
@@ -123,17 +158,36 @@ pub(crate) struct LocalTransaction {
     store: Arc<dyn LocalStore>,
     snapshot: Arc<dyn Snapshot>,
     started: Timestamp,
+    /// Registered in `ActiveReads` before the snapshot was taken (≤ its version).
+    registered: u64,
     state: Mutex<State>,
+}
+
+impl Drop for LocalTransaction {
+    fn drop(&mut self) {
+        self.store.active().exit(self.registered);
+    }
 }
 
 impl LocalTransaction {
     pub(crate) fn begin(store: Arc<dyn LocalStore>) -> Result<Self> {
-        let snapshot = store.snapshot()?;
+        // Register first, then take the snapshot: history newer than `registered` is kept
+        // for as long as this transaction lives.
+        let registered = store.published_version();
+        store.active().enter(registered);
+        let snapshot = match store.snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                store.active().exit(registered);
+                return Err(e);
+            }
+        };
         let started = store.clock().now();
         Ok(LocalTransaction {
             store,
             snapshot,
             started,
+            registered,
             state: Mutex::new(State {
                 status: Status::Open,
                 writes: BTreeMap::new(),

@@ -50,9 +50,15 @@ impl Resolver {
         self.version
     }
 
-    /// The oldest read version still resolvable; MVCC stores may drop versions below it.
+    /// The oldest read version still resolvable (older ones are too old).
     pub(crate) fn oldest_readable(&self) -> u64 {
         self.oldest_readable
+    }
+
+    /// Number of remembered write ranges (for tests).
+    #[cfg(test)]
+    pub(crate) fn history_len(&self) -> usize {
+        self.history.len()
     }
 
     /// Checks a transaction read at `read_version` with `reads` as read conflict ranges.
@@ -94,8 +100,15 @@ impl Resolver {
     }
 
     /// Records the write conflict ranges of the commit at `version` (the latest assigned),
-    /// committed at `now`, and forgets history past the MVCC window.
-    pub(crate) fn record(&mut self, version: u64, writes: Vec<KeyRange>, now: Timestamp) {
+    /// committed at `now`, and forgets history at or below `floor` (no live transaction reads
+    /// that old) or past the MVCC window.
+    pub(crate) fn record(
+        &mut self,
+        version: u64,
+        writes: Vec<KeyRange>,
+        now: Timestamp,
+        floor: u64,
+    ) {
         debug_assert_eq!(version, self.version, "record the version just assigned");
         for (b, e) in writes {
             if b < e {
@@ -112,8 +125,8 @@ impl Resolver {
             self.horizon.pop_front();
         }
         if self.history.len() > 2 * self.history_len_after_gc + 1_024 {
-            let oldest = self.oldest_readable;
-            self.history.retain(|_, (_, v)| *v > oldest);
+            let floor = floor.max(self.oldest_readable);
+            self.history.retain(|_, (_, v)| *v > floor);
             self.history_len_after_gc = self.history.len();
         }
     }
@@ -164,7 +177,7 @@ mod tests {
         let mut res = Resolver::new(0);
         let now = Timestamp::from_millis(0);
         let v1 = res.next_version();
-        res.record(v1, vec![r("b", "c")], now);
+        res.record(v1, vec![r("b", "c")], now, 0);
         assert_eq!(res.check(0, &[r("a", "z")]), Err(Error::NotCommitted));
         assert_eq!(res.check(0, &[r("c", "z")]), Ok(()), "end is exclusive");
         assert_eq!(res.check(0, &[r("a", "b")]), Ok(()));
@@ -176,27 +189,46 @@ mod tests {
         let mut res = Resolver::new(0);
         let now = Timestamp::from_millis(0);
         let v1 = res.next_version();
-        res.record(v1, vec![r("a", "m")], now);
+        res.record(v1, vec![r("a", "m")], now, 0);
         let v2 = res.next_version();
-        res.record(v2, vec![r("d", "f")], now);
+        res.record(v2, vec![r("d", "f")], now, 0);
         // [a,d)@1 [d,f)@2 [f,m)@1
         assert_eq!(res.check(1, &[r("a", "d")]), Ok(()));
         assert_eq!(res.check(1, &[r("e", "e\0")]), Err(Error::NotCommitted));
         assert_eq!(res.check(1, &[r("f", "z")]), Ok(()));
         assert_eq!(res.check(0, &[r("l", "z")]), Err(Error::NotCommitted));
         let v3 = res.next_version();
-        res.record(v3, vec![r("0", "z")], now);
+        res.record(v3, vec![r("0", "z")], now, 0);
         assert_eq!(res.history.len(), 1);
         assert_eq!(res.check(2, &[r("x", "y")]), Err(Error::NotCommitted));
+    }
+
+    #[test]
+    fn history_no_live_transaction_needs_is_forgotten() {
+        let mut res = Resolver::new(0);
+        let now = Timestamp::from_millis(0);
+        for i in 0..5_000u32 {
+            let v = res.next_version();
+            let k = format!("k{i:05}");
+            // A live transaction reads at version 100: everything newer is kept.
+            res.record(
+                v,
+                vec![(k.clone().into_bytes(), format!("{k}\0").into_bytes())],
+                now,
+                v.min(100),
+            );
+        }
+        assert!(res.history_len() < 5_000 && res.history_len() >= 4_900, "{}", res.history_len());
+        assert_eq!(res.check(100, &[r("k00150", "k00151")]), Err(Error::NotCommitted));
     }
 
     #[test]
     fn history_past_the_window_is_too_old() {
         let mut res = Resolver::new(0);
         let v1 = res.next_version();
-        res.record(v1, vec![r("a", "b")], Timestamp::from_millis(0));
+        res.record(v1, vec![r("a", "b")], Timestamp::from_millis(0), 0);
         let v2 = res.next_version();
-        res.record(v2, vec![r("a", "b")], Timestamp::from_millis(10_000));
+        res.record(v2, vec![r("a", "b")], Timestamp::from_millis(10_000), 0);
         assert!(matches!(res.check(0, &[]), Err(Error::TransactionTooOld { .. })));
         assert_eq!(res.check(1, &[r("c", "d")]), Ok(()));
     }

@@ -17,7 +17,7 @@ use super::limits::TRANSACTION_AGE_MAX_MS;
 use super::local::mutation::{ApplyTarget, apply, stamped_write_ranges};
 use super::local::resolver::Resolver;
 use super::local::watch::{WatchSender, Watches};
-use super::local::{CommitRequest, LocalStore, LocalTransaction, Snapshot};
+use super::local::{ActiveReads, CommitRequest, LocalStore, LocalTransaction, Snapshot};
 use super::{CommitInfo, Database, KvDatabase, KvTransaction, Versionstamp};
 use crate::env::{BoxFuture, Rng, SharedClock};
 
@@ -38,6 +38,8 @@ struct Shared {
     rng: Rng,
     faults: FaultConfig,
     watches: Watches,
+    active: ActiveReads,
+    published: std::sync::atomic::AtomicU64,
 }
 
 /// The in-memory backend. Clone it to share one store.
@@ -67,6 +69,8 @@ impl MemoryDatabase {
             rng,
             faults,
             watches: Watches::default(),
+            active: ActiveReads::default(),
+            published: std::sync::atomic::AtomicU64::new(0),
         });
         MemoryDatabase { store: Arc::new(Store(shared.clone())), shared }
     }
@@ -115,8 +119,10 @@ impl Shared {
             let mut target = MvccTarget { inner: &mut inner, version };
             apply(&mut target, &req.mutations, &stamp, self.watches.any())?
         };
-        inner.resolver.record(version, writes, self.clock.now());
-        inner.gc();
+        let floor = self.active.floor(version);
+        inner.resolver.record(version, writes, self.clock.now(), floor);
+        inner.gc(floor);
+        self.published.store(version, std::sync::atomic::Ordering::Release);
         drop(inner);
         self.watches.notify(&changes);
         if fires(&self.rng, self.faults.unknown_result_applied) {
@@ -133,11 +139,11 @@ impl Inner {
 
     /// Drops versions no reader can see any more: per key, everything older than the newest
     /// version at or below the oldest readable version. Amortized over commits.
-    fn gc(&mut self) {
+    fn gc(&mut self, floor: u64) {
         if self.versions <= 2 * self.versions_after_gc + 4_096 {
             return;
         }
-        let oldest = self.resolver.oldest_readable();
+        let oldest = floor.max(self.resolver.oldest_readable());
         let mut count = 0;
         self.data.retain(|_, chain| {
             let keep_from = chain.iter().rposition(|(v, _)| *v <= oldest).unwrap_or(0);
@@ -248,6 +254,14 @@ struct Store(Arc<Shared>);
 impl LocalStore for Store {
     fn clock(&self) -> &SharedClock {
         &self.0.clock
+    }
+
+    fn active(&self) -> &ActiveReads {
+        &self.0.active
+    }
+
+    fn published_version(&self) -> u64 {
+        self.0.published.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn snapshot(&self) -> Result<Arc<dyn Snapshot>> {

@@ -22,8 +22,12 @@ pub(crate) type KeyRange = (Vec<u8>, Vec<u8>);
 
 #[derive(Debug)]
 pub(crate) struct Resolver {
-    /// begin → (end, version): non-overlapping written ranges and the last version writing them.
+    /// begin → (end, version): non-overlapping written ranges (from clear_range) and the last
+    /// version writing them.
     history: BTreeMap<Vec<u8>, (Vec<u8>, u64)>,
+    /// Single written keys (most writes) and the last version writing each: one map entry
+    /// per key, no end key kept.
+    points: BTreeMap<Vec<u8>, u64>,
     history_len_after_gc: usize,
     /// Latest assigned commit version.
     version: u64,
@@ -38,6 +42,7 @@ impl Resolver {
     pub(crate) fn new(version: u64) -> Self {
         Resolver {
             history: BTreeMap::new(),
+            points: BTreeMap::new(),
             history_len_after_gc: 0,
             version,
             horizon: VecDeque::new(),
@@ -58,7 +63,7 @@ impl Resolver {
     /// Number of remembered write ranges (for tests).
     #[cfg(test)]
     pub(crate) fn history_len(&self) -> usize {
-        self.history.len()
+        self.history.len() + self.points.len()
     }
 
     /// Checks a transaction read at `read_version` with `reads` as read conflict ranges.
@@ -80,6 +85,13 @@ impl Resolver {
     fn written_after(&self, b: &[u8], e: &[u8], read_version: u64) -> bool {
         if b >= e {
             return false;
+        }
+        let point_written = self
+            .points
+            .range::<[u8], _>((Bound::Included(b), Bound::Excluded(e)))
+            .any(|(_, v)| *v > read_version);
+        if point_written {
+            return true;
         }
         let mut before = self.history.range::<[u8], _>((Bound::Unbounded, Bound::Excluded(b)));
         if let Some((_, (pe, pv))) = before.next_back()
@@ -111,7 +123,9 @@ impl Resolver {
     ) {
         debug_assert_eq!(version, self.version, "record the version just assigned");
         for (b, e) in writes {
-            if b < e {
+            if is_point(&b, &e) {
+                self.points.insert(b, version);
+            } else if b < e {
                 self.insert(b, e, version);
             }
         }
@@ -124,10 +138,12 @@ impl Resolver {
             self.oldest_readable = v;
             self.horizon.pop_front();
         }
-        if self.history.len() > 2 * self.history_len_after_gc + 1_024 {
+        let len = self.history.len() + self.points.len();
+        if len > 2 * self.history_len_after_gc + 1_024 {
             let floor = floor.max(self.oldest_readable);
             self.history.retain(|_, (_, v)| *v > floor);
-            self.history_len_after_gc = self.history.len();
+            self.points.retain(|_, v| *v > floor);
+            self.history_len_after_gc = self.history.len() + self.points.len();
         }
     }
 
@@ -162,6 +178,11 @@ impl Resolver {
         }
         self.history.insert(b, (e, version));
     }
+}
+
+/// Whether `[b, e)` holds exactly the key `b` (`e == b + "\0"`).
+fn is_point(b: &[u8], e: &[u8]) -> bool {
+    e.len() == b.len() + 1 && e.last() == Some(&0) && e.starts_with(b)
 }
 
 #[cfg(test)]
@@ -200,6 +221,12 @@ mod tests {
         let v3 = res.next_version();
         res.record(v3, vec![r("0", "z")], now, 0);
         assert_eq!(res.history.len(), 1);
+        // Points and ranges together: a point written after the read conflicts.
+        let v4 = res.next_version();
+        res.record(v4, vec![r("p", "p\0")], now, 0);
+        assert_eq!(res.points.len(), 1);
+        assert_eq!(res.check(3, &[r("o", "q")]), Err(Error::NotCommitted));
+        assert_eq!(res.check(4, &[r("o", "q")]), Ok(()));
         assert_eq!(res.check(2, &[r("x", "y")]), Err(Error::NotCommitted));
     }
 

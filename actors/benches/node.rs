@@ -5,7 +5,8 @@
 //!    executions/s through submit → fire → claim → complete.
 //!
 //! Run: `cargo bench -p kairos-actors --bench node` (`KAIROS_BENCH_BURST`, `KAIROS_BENCH_FLOW`
-//! set N and M; `KAIROS_BENCH_DIR` the data directory's parent).
+//! set N and M; `KAIROS_BENCH_DIR` the data directory's parent; `KAIROS_BENCH_BACKEND=memory`
+//! runs the same on the memory backend).
 #![allow(clippy::disallowed_methods)] // a benchmark measures real time
 
 use std::sync::Arc;
@@ -149,8 +150,9 @@ fn main() {
         let clock: SharedClock = Arc::new(SystemClock::default());
         let edb = EmbeddedDatabase::open(dir.path().join("kv.redb"), clock.clone()).unwrap();
         let stats = edb.stats();
-        let db = if std::env::var("KAIROS_BENCH_BACKEND").as_deref() == Ok("memory") {
-            println!("(memory backend)");
+        let memory = std::env::var("KAIROS_BENCH_BACKEND").as_deref() == Ok("memory");
+        let backend = if memory { "memory" } else { "embedded" };
+        let db = if memory {
             kairos_layer::kv::memory::MemoryDatabase::open(clock.clone(), Rng::seeded(1), Default::default())
         } else {
             kairos_layer::kv::Database::new(Arc::new(edb), clock.clone(), Rng::seeded(1))
@@ -171,7 +173,7 @@ fn main() {
         let (late, end) = drain(&node, &clock, burst).await;
         let due_instant = Instant::now() - Duration::from_millis((clock.now().as_millis() - due_at) as u64);
         let drain_s = end.duration_since(due_instant).as_secs_f64();
-        println!("## burst: {burst} executions due at one instant, {WORKERS} no-op workers (in-process, embedded)");
+        println!("## burst: {burst} executions due at one instant, {WORKERS} no-op workers (in-process, {backend})");
         println!("| measure | value |\n|---|---|");
         println!("| submit (batched, 1,000 per call, 4 in flight) | {:.0} executions/s |", burst as f64 / took.as_secs_f64());
         println!("| completions/s (due instant → last completion) | {:.0} |", burst as f64 / drain_s);

@@ -10,11 +10,11 @@
 //! on the store inside a handler (transactions run in spawned tasks that report back), use no
 //! named-actor registry, and take every wait from the injected clock.
 
+pub mod api;
 pub mod config;
 pub mod context;
 pub mod dispatcher;
 pub mod execution;
-pub mod http;
 pub mod lease_manager;
 pub mod metrics;
 pub mod node;

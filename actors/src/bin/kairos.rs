@@ -137,7 +137,7 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let data_dir = config.data_dir.clone();
     let node = Node::start(config, db.clone(), clock, rng).await?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-    let (bound, http) = kairos_actors::http::serve(listen, node.clone(), async {
+    let (bound, http) = kairos_actors::api::http::serve(listen, node.clone(), async {
         let _ = shutdown_rx.await;
     })
     .await

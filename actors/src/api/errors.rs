@@ -1,0 +1,107 @@
+//! The one place where operation errors become gRPC statuses and HTTP responses. Messages are
+//! the operations' own, which name the field and the reason.
+
+use axum::http::StatusCode;
+use kairos_layer::kv;
+use kairos_layer::ops::Error;
+use serde::Serialize;
+
+/// The gRPC code and HTTP status of an error.
+pub fn classify(e: &Error) -> (tonic::Code, StatusCode) {
+    use tonic::Code;
+    match e {
+        Error::InvalidArgument { .. } => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+        Error::NotFound { .. } => (Code::NotFound, StatusCode::NOT_FOUND),
+        Error::IdempotencyConflict { .. } | Error::AlreadyExists { .. } => {
+            (Code::AlreadyExists, StatusCode::CONFLICT)
+        }
+        Error::FailedPrecondition(_) | Error::InvalidTransition(_) | Error::FencedOut { .. } => {
+            (Code::FailedPrecondition, StatusCode::CONFLICT)
+        }
+        Error::OwnershipLost { .. } | Error::LeaseHeld { .. } => {
+            (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE)
+        }
+        Error::Kv(k) => match k {
+            kv::Error::KeyTooLarge { .. }
+            | kv::Error::ValueTooLarge { .. }
+            | kv::Error::TransactionTooLarge { .. }
+            | kv::Error::InvertedRange
+            | kv::Error::InvalidOperation(_) => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            k if k.is_retryable() => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            kv::Error::DatabaseClosed => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            _ => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+        },
+        Error::Corrupt(_) => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+    }
+}
+
+/// An error as a gRPC status.
+pub fn status(e: &Error) -> tonic::Status {
+    tonic::Status::new(classify(e).0, e.to_string())
+}
+
+/// The JSON body of an HTTP error.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// Details of an HTTP error.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorDetail {
+    /// gRPC-style code name (`INVALID_ARGUMENT`, `NOT_FOUND`, …).
+    pub code: String,
+    /// The offending field, when one is at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// An error as an HTTP status and JSON body.
+pub fn http(e: &Error) -> (StatusCode, ErrorBody) {
+    let (code, status) = classify(e);
+    let field = match e {
+        Error::InvalidArgument { field, .. } => Some(field.clone()),
+        _ => None,
+    };
+    (status, body(code, field, e.to_string()))
+}
+
+/// An HTTP error body.
+pub fn body(code: tonic::Code, field: Option<String>, message: String) -> ErrorBody {
+    let code = format!("{code:?}");
+    // CamelCase enum name → SCREAMING_SNAKE (InvalidArgument → INVALID_ARGUMENT).
+    let mut name = String::new();
+    for (i, ch) in code.chars().enumerate() {
+        if ch.is_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(ch.to_ascii_uppercase());
+    }
+    ErrorBody { error: ErrorDetail { code: name, field, message } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_input_is_4xx_and_names_the_field() {
+        let e =
+            kairos_layer::ops::error::invalid("executeAt", "is more than 10 years in the future");
+        let (status, body) = http(&e);
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body.error.code, "INVALID_ARGUMENT");
+        assert_eq!(body.error.field.as_deref(), Some("executeAt"));
+        assert_eq!(self::status(&e).code(), tonic::Code::InvalidArgument);
+        assert!(self::status(&e).message().starts_with("executeAt: "));
+        let conflict = Error::IdempotencyConflict { key: "k".into(), execution_id: "E".into() };
+        assert_eq!(http(&conflict).0, StatusCode::CONFLICT);
+        let too_big = Error::Kv(kv::Error::ValueTooLarge { size: 1, limit: 0 });
+        assert_eq!(http(&too_big).0, StatusCode::BAD_REQUEST);
+        assert_eq!(http(&Error::Kv(kv::Error::NotCommitted)).0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

@@ -1,0 +1,312 @@
+//! The node's HTTP endpoint: the seed design's API (`POST /executions` with an
+//! `Idempotency-Key` header, `GET` and `DELETE /executions/{executionId}`), definitions,
+//! `/metrics` (Prometheus text) and `/healthz`. JSON is camelCase; errors are
+//! `{"error": {"code", "field", "message"}}` with a 4xx for anything the caller got wrong.
+//! The namespace is the `Kairos-Namespace` header (default `default`). See docs/api.md and
+//! docs/openapi.yaml.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use kairos_layer::definition::{parse_definition, parse_definition_uri};
+use kairos_layer::ops::query::ListQuery;
+use kairos_layer::ops::submit::SubmitRequest;
+use kairos_layer::ops::{self, error::invalid};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::errors;
+use super::json::{self, parse_rfc3339};
+use crate::node::Node;
+
+/// Largest request body accepted.
+pub const BODY_BYTES_MAX: usize = 256 * 1024;
+
+fn error_response(e: &ops::Error) -> Response {
+    let (status, body) = errors::http(e);
+    (status, axum::Json(body)).into_response()
+}
+
+fn namespace(headers: &HeaderMap) -> Result<String, ops::Error> {
+    match headers.get("kairos-namespace") {
+        None => Ok("default".into()),
+        Some(v) => v
+            .to_str()
+            .map(str::to_string)
+            .map_err(|_| invalid("Kairos-Namespace", "must be printable ASCII")),
+    }
+}
+
+/// The body of `POST /executions`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SubmitBody {
+    definition_uri: String,
+    definition_version: u32,
+    #[serde(default)]
+    inputs: Option<Value>,
+    execute_at: String,
+}
+
+fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::Error> {
+    let ns = namespace(headers)?;
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map(str::to_string)
+                .map_err(|_| invalid("Idempotency-Key", "must be printable ASCII"))?,
+        ),
+    };
+    let b: SubmitBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let name =
+        parse_definition_uri(&b.definition_uri).map_err(|e| invalid(e.field(), e.reason()))?;
+    let execute_at_ms = parse_rfc3339(&b.execute_at).map_err(|r| invalid("executeAt", r))?;
+    Ok(SubmitRequest {
+        namespace: ns,
+        definition: name,
+        definition_version: b.definition_version,
+        inputs: b.inputs.unwrap_or_else(|| json!({})),
+        execute_at_ms,
+        idempotency_key,
+    })
+}
+
+/// A JSON body error, naming the field when serde does (`missing field`, `unknown field`,
+/// `invalid type … at line 1 column 40`).
+fn json_error(e: &serde_json::Error) -> ops::Error {
+    let msg = e.to_string();
+    let field = ["definitionUri", "definitionVersion", "inputs", "executeAt"]
+        .into_iter()
+        .find(|f| msg.contains(&format!("`{f}`")))
+        .unwrap_or("body");
+    invalid(field, format!("malformed JSON: {msg}"))
+}
+
+async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Response {
+    let req = match parse_submit(&headers, &body) {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    match node.submit(req).await {
+        Ok(s) => {
+            let status = if s.created { StatusCode::CREATED } else { StatusCode::OK };
+            let loc = format!("/executions/{}", s.execution.id);
+            (status, [(header::LOCATION, loc)], axum::Json(json::execution(&s.execution, None)))
+                .into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn get_execution(
+    State(node): State<Node>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let ns = match namespace(&headers) {
+        Ok(n) => n,
+        Err(e) => return error_response(&e),
+    };
+    let e = match node.scheduler().get(&ns, &id).await {
+        Ok(e) => e,
+        Err(e) => return error_response(&e),
+    };
+    match node.scheduler().attempts(&ns, &id).await {
+        Ok(a) => axum::Json(json::execution(&e, Some(&a))).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn cancel(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let ns = match namespace(&headers) {
+        Ok(n) => n,
+        Err(e) => return error_response(&e),
+    };
+    match node.cancel(&ns, &id).await {
+        Ok(e) => axum::Json(json::execution(&e, None)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn replay(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let ns = match namespace(&headers) {
+        Ok(n) => n,
+        Err(e) => return error_response(&e),
+    };
+    match node.replay(&ns, &id).await {
+        Ok(e) => axum::Json(json::execution(&e, None)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Query of `GET /executions`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListParams {
+    status: Option<String>,
+    definition: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn list(
+    State(node): State<Node>,
+    headers: HeaderMap,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Response {
+    let r = async {
+        let Query(p) = params.map_err(|e| invalid("query", e.body_text()))?;
+        let status = match &p.status {
+            None => None,
+            Some(s) => Some(
+                kairos_proto::storage::v1::ExecutionStatus::from_str_name(&format!(
+                    "EXECUTION_STATUS_{}",
+                    s.to_ascii_uppercase()
+                ))
+                .ok_or_else(|| invalid("status", format!("unknown status {s:?}")))?,
+            ),
+        };
+        let cursor = match &p.cursor {
+            None => None,
+            Some(c) => {
+                Some(hex_decode(c).ok_or_else(|| invalid("cursor", "not a cursor from this API"))?)
+            }
+        };
+        let q = ListQuery {
+            namespace: namespace(&headers)?,
+            status,
+            definition: p.definition.clone(),
+            limit: p.limit.unwrap_or(0),
+            cursor,
+            ..ListQuery::default()
+        };
+        let page = node.scheduler().list(&q).await?;
+        let items: Vec<_> = page.executions.iter().map(|e| json::execution(e, None)).collect();
+        Ok::<_, ops::Error>(
+            json!({ "executions": items, "nextCursor": page.next_cursor.map(|c| hex_encode(&c)) }),
+        )
+    }
+    .await;
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn hex_encode(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+async fn register_definition(
+    State(node): State<Node>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        let ns = namespace(&headers)?;
+        let def = parse_definition(&body).map_err(|e| invalid(e.field(), e.reason()))?;
+        node.scheduler().register_definition(&ns, def).await
+    }
+    .await;
+    match r {
+        Ok((d, created)) => {
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            (status, axum::Json(json::definition(&d))).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Query of `GET /definitions/{name}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VersionParam {
+    version: Option<u32>,
+}
+
+async fn get_definition(
+    State(node): State<Node>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    params: Result<Query<VersionParam>, QueryRejection>,
+) -> Response {
+    let r = async {
+        let Query(p) = params.map_err(|e| invalid("version", e.body_text()))?;
+        node.scheduler().get_definition(&namespace(&headers)?, &name, p.version).await
+    }
+    .await;
+    match r {
+        Ok(d) => axum::Json(json::definition(&d)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn list_definitions(State(node): State<Node>, headers: HeaderMap) -> Response {
+    let r = async { node.scheduler().list_definitions(&namespace(&headers)?).await }.await;
+    match r {
+        Ok(ds) => axum::Json(
+            json!({ "definitions": ds.iter().map(json::definition).collect::<Vec<_>>() }),
+        )
+        .into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn metrics(State(node): State<Node>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics_text().await)
+}
+
+async fn healthz(State(node): State<Node>) -> impl IntoResponse {
+    format!("ok node={} shards={}\n", node.node_id(), node.owned_shards().len())
+}
+
+async fn not_found() -> Response {
+    let body = errors::body(tonic::Code::NotFound, None, "no such route".into());
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+
+/// The routes of the node's HTTP endpoint.
+pub fn router(node: Node) -> Router {
+    Router::new()
+        .route("/executions", get(list).post(submit))
+        .route("/executions/{id}", get(get_execution).delete(cancel))
+        .route("/executions/{id}/replay", axum::routing::post(replay))
+        .route("/definitions", get(list_definitions).post(register_definition))
+        .route("/definitions/{name}", get(get_definition))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(node)
+}
+
+/// Binds `addr` and serves until `shutdown` completes. Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    node: Node,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(node);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            tracing::error!(error = %e, "HTTP server failed");
+        }
+    });
+    Ok((bound, task))
+}

@@ -36,8 +36,10 @@ pub struct NodeConfig {
     pub fdb_cluster_file: Option<String>,
     /// Cluster name: the root of the keyspace.
     pub cluster: String,
-    /// HTTP listen address (metrics, health; the API arrives with the API issue).
+    /// HTTP listen address: the seed's JSON API, `/metrics`, `/healthz`.
     pub listen_http: SocketAddr,
+    /// gRPC listen address: the `kairos.v1` services.
+    pub listen_grpc: SocketAddr,
     /// Logical shards, fixed when the cluster is created.
     pub shard_count: u32,
     /// Timer bucket width, fixed when the cluster is created.
@@ -72,6 +74,7 @@ impl Default for NodeConfig {
             fdb_cluster_file: None,
             cluster: "default".into(),
             listen_http: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            listen_grpc: SocketAddr::from(([127, 0, 0, 1], 7071)),
             shard_count: 64,
             bucket_width_ms: 60_000,
             shard_lease_ms: 10_000,
@@ -102,11 +105,12 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 7] = [
+pub const ENV_VARS: [(&str, &str); 8] = [
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
     ("KAIROS_LISTEN_HTTP", "listen_http"),
+    ("KAIROS_LISTEN_GRPC", "listen_grpc"),
     ("KAIROS_CLUSTER", "cluster"),
     ("KAIROS_LOG", "log"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
@@ -145,6 +149,10 @@ impl NodeConfig {
                 self.listen_http = value
                     .parse()
                     .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
+            }
+            "listen_grpc" => {
+                self.listen_grpc =
+                    value.parse().map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
             }
             "shard_count" => self.shard_count = num(value)? as u32,
             "shard_lease_ms" => self.shard_lease_ms = num(value)?,

@@ -4,5 +4,6 @@
 //! [`Node`]: crate::node::Node
 
 pub mod errors;
+pub mod grpc;
 pub mod http;
 pub mod json;

@@ -19,7 +19,7 @@ use kairos_actors::config::{Backend, ENV_VARS, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::Database;
 
-const USAGE: &str = "usage: kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] \
+const USAGE: &str = "usage: kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
 [--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER]";
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +62,7 @@ fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {
             }
             "--data-dir" => "data_dir",
             "--listen-http" => "listen_http",
+            "--listen-grpc" => "listen_grpc",
             "--node-id" => "node_id",
             "--cluster" => "cluster",
             "--backend" => "backend",
@@ -134,24 +135,31 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     config.node_id = Some(node_id(&config, &rng)?);
     let db = open_database(&config, clock.clone(), rng.fork())?;
     let listen = config.listen_http;
+    let listen_grpc = config.listen_grpc;
     let data_dir = config.data_dir.clone();
     let node = Node::start(config, db.clone(), clock, rng).await?;
-    let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-    let (bound, http) = kairos_actors::api::http::serve(listen, node.clone(), async {
-        let _ = shutdown_rx.await;
-    })
-    .await
-    .with_context(|| format!("listening on {listen}"))?;
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let (bound, http) = kairos_actors::api::http::serve(listen, node.clone(), stopped(shutdown_rx.clone()))
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let (bound_grpc, grpc) = kairos_actors::api::grpc::Api::new(node.clone())
+        .serve(listen_grpc, stopped(shutdown_rx))
+        .await
+        .with_context(|| format!("listening on {listen_grpc}"))?;
     println!(
-        "kairos: node {} up — http://{bound} (metrics at /metrics, health at /healthz); data in {}",
+        "kairos: node {} up — HTTP API http://{bound} (metrics at /metrics), gRPC {bound_grpc}; data in {}",
         node.node_id(),
         display_dir(&data_dir)
     );
     wait_for_signal().await;
     println!("kairos: draining…");
     node.stop().await;
-    let _ = shutdown_tx.send(());
+    let _ = shutdown_tx.send(true);
     let _ = http.await;
+    let _ = grpc.await;
     db.close().await;
     println!("kairos: stopped");
     Ok(())

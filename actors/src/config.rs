@@ -151,8 +151,9 @@ impl NodeConfig {
                     .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
             }
             "listen_grpc" => {
-                self.listen_grpc =
-                    value.parse().map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
+                self.listen_grpc = value
+                    .parse()
+                    .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
             }
             "shard_count" => self.shard_count = num(value)? as u32,
             "shard_lease_ms" => self.shard_lease_ms = num(value)?,

@@ -1,1 +1,23 @@
-//! kairos-sdk: client and worker SDK over gRPC, and the `kairosctl` console. Arrives with the API issue.
+#![allow(clippy::disallowed_methods)] // the SDK runs in user processes: wall time and tokio timers are the truth there
+//! kairos-sdk: a client and a worker for Kairos over gRPC, and the `kairosctl` console.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kairos_sdk::Error> {
+//! let client = kairos_sdk::Client::connect("http://127.0.0.1:7071").await?;
+//! let s = client
+//!     .submit("registry://jobs/generate-report", 3)
+//!     .inputs(serde_json::json!({"dataset_uri": "s3://datasets/orders", "report_date": "2026-08-12"}))
+//!     .after(std::time::Duration::from_secs(30))
+//!     .idempotency_key("report-2026-08-12")
+//!     .send()
+//!     .await?;
+//! let done = client.wait(&s.execution.id, std::time::Duration::from_secs(120)).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod client;
+pub mod worker;
+
+pub use client::{Client, Error, SubmitBuilder, Submitted};
+pub use kairos_proto::storage::v1 as records;
+pub use worker::{Handler, Task, TaskError, Worker, run_command};

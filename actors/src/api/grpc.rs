@@ -30,11 +30,14 @@ fn or_default(ns: &str) -> String {
     if ns.is_empty() { "default".into() } else { ns.to_string() }
 }
 
+/// (namespace, name, version) → definition.
+type DefinitionCache = BTreeMap<(String, String, u32), Arc<JobDefinition>>;
+
 /// The services, sharing one node and a cache of (immutable) definition versions.
 #[derive(Clone)]
 pub struct Api {
     node: Node,
-    definitions: Arc<Mutex<BTreeMap<(String, String, u32), Arc<JobDefinition>>>>,
+    definitions: Arc<Mutex<DefinitionCache>>,
 }
 
 /// Cached definitions at most (versions are immutable, so the cache is never stale).
@@ -50,11 +53,13 @@ impl Api {
         let inputs: serde_json::Value = if r.inputs_json.trim().is_empty() {
             serde_json::json!({})
         } else {
-            serde_json::from_str(&r.inputs_json).map_err(|e| invalid("inputs", format!("malformed JSON: {e}")))?
+            serde_json::from_str(&r.inputs_json)
+                .map_err(|e| invalid("inputs", format!("malformed JSON: {e}")))?
         };
         Ok(SubmitRequest {
             namespace: or_default(&r.namespace),
-            definition: parse_definition_uri(&r.definition_uri).map_err(|e| invalid(e.field(), e.reason()))?,
+            definition: parse_definition_uri(&r.definition_uri)
+                .map_err(|e| invalid(e.field(), e.reason()))?,
             definition_version: r.definition_version,
             inputs,
             execute_at_ms: r.execute_at_ms,
@@ -62,7 +67,12 @@ impl Api {
         })
     }
 
-    async fn definition(&self, ns: &str, name: &str, version: u32) -> Result<Arc<JobDefinition>, ops::Error> {
+    async fn definition(
+        &self,
+        ns: &str,
+        name: &str,
+        version: u32,
+    ) -> Result<Arc<JobDefinition>, ops::Error> {
         let key = (ns.to_string(), name.to_string(), version);
         if let Some(d) = self.definitions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(d.clone());
@@ -175,19 +185,30 @@ impl ExecutionService for Api {
 
     async fn cancel(&self, req: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
         let r = req.into_inner();
-        let e = self.node.cancel(&or_default(&r.namespace), &r.execution_id).await.map_err(|e| status(&e))?;
+        let e = self
+            .node
+            .cancel(&or_default(&r.namespace), &r.execution_id)
+            .await
+            .map_err(|e| status(&e))?;
         ok(ExecutionResponse { execution: Some(e) })
     }
 
     async fn list(&self, req: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
         let q = list_query(req.into_inner()).map_err(|e| status(&e))?;
         let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
-        ok(ListExecutionsResponse { executions: page.executions, next_cursor: page.next_cursor.unwrap_or_default() })
+        ok(ListExecutionsResponse {
+            executions: page.executions,
+            next_cursor: page.next_cursor.unwrap_or_default(),
+        })
     }
 
     async fn replay(&self, req: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
         let r = req.into_inner();
-        let e = self.node.replay(&or_default(&r.namespace), &r.execution_id).await.map_err(|e| status(&e))?;
+        let e = self
+            .node
+            .replay(&or_default(&r.namespace), &r.execution_id)
+            .await
+            .map_err(|e| status(&e))?;
         ok(ExecutionResponse { execution: Some(e) })
     }
 }
@@ -195,7 +216,10 @@ impl ExecutionService for Api {
 fn error_item(e: &ops::Error) -> SubmitBatchItem {
     let s = status(e);
     SubmitBatchItem {
-        result: Some(submit_batch_item::Result::Error(ItemError { code: s.code() as i32, message: s.message().to_string() })),
+        result: Some(submit_batch_item::Result::Error(ItemError {
+            code: s.code() as i32,
+            message: s.message().to_string(),
+        })),
     }
 }
 
@@ -219,9 +243,13 @@ impl WorkerService for Api {
         let mut tasks = Vec::with_capacity(claimed.len());
         for c in claimed {
             let e = &c.execution;
-            let def = self.definition(&ns, &e.definition_name, e.definition_version).await.map_err(|e| status(&e))?;
+            let def = self
+                .definition(&ns, &e.definition_name, e.definition_version)
+                .await
+                .map_err(|e| status(&e))?;
             tasks.push(Task {
-                definition_execution_json: String::from_utf8_lossy(&def.execution_json).into_owned(),
+                definition_execution_json: String::from_utf8_lossy(&def.execution_json)
+                    .into_owned(),
                 execution: Some(c.execution),
                 attempt: Some(c.attempt),
             });
@@ -236,7 +264,10 @@ impl WorkerService for Api {
             .heartbeat(&or_default(&r.namespace), &r.execution_id, r.fencing_token)
             .await
             .map_err(|e| status(&e))?;
-        ok(HeartbeatResponse { lease_expires_at_ms: h.lease_expires_at_ms, cancel_requested: h.cancel_requested })
+        ok(HeartbeatResponse {
+            lease_expires_at_ms: h.lease_expires_at_ms,
+            cancel_requested: h.cancel_requested,
+        })
     }
 
     async fn complete(&self, req: Request<CompleteRequest>) -> Reply<ExecutionResponse> {
@@ -257,7 +288,11 @@ impl WorkerService for Api {
 
     async fn fail(&self, req: Request<FailRequest>) -> Reply<ExecutionResponse> {
         let r = req.into_inner();
-        let error = r.error.unwrap_or(ExecutionError { message: "failed".into(), retryable: true, code: String::new() });
+        let error = r.error.unwrap_or(ExecutionError {
+            message: "failed".into(),
+            retryable: true,
+            code: String::new(),
+        });
         let e = self
             .node
             .fail(&or_default(&r.namespace), &r.execution_id, r.fencing_token, error)
@@ -269,11 +304,19 @@ impl WorkerService for Api {
 
 #[tonic::async_trait]
 impl DefinitionService for Api {
-    async fn register(&self, req: Request<RegisterDefinitionRequest>) -> Reply<RegisterDefinitionResponse> {
+    async fn register(
+        &self,
+        req: Request<RegisterDefinitionRequest>,
+    ) -> Reply<RegisterDefinitionResponse> {
         let r = req.into_inner();
-        let def = parse_definition(&r.source).map_err(|e| status(&invalid(e.field(), e.reason())))?;
-        let (d, created) =
-            self.node.scheduler().register_definition(&or_default(&r.namespace), def).await.map_err(|e| status(&e))?;
+        let def =
+            parse_definition(&r.source).map_err(|e| status(&invalid(e.field(), e.reason())))?;
+        let (d, created) = self
+            .node
+            .scheduler()
+            .register_definition(&or_default(&r.namespace), def)
+            .await
+            .map_err(|e| status(&e))?;
         ok(RegisterDefinitionResponse { definition: Some(d), created })
     }
 
@@ -291,7 +334,12 @@ impl DefinitionService for Api {
 
     async fn list(&self, req: Request<ListDefinitionsRequest>) -> Reply<ListDefinitionsResponse> {
         let r = req.into_inner();
-        let ds = self.node.scheduler().list_definitions(&or_default(&r.namespace)).await.map_err(|e| status(&e))?;
+        let ds = self
+            .node
+            .scheduler()
+            .list_definitions(&or_default(&r.namespace))
+            .await
+            .map_err(|e| status(&e))?;
         ok(ListDefinitionsResponse { definitions: ds })
     }
 }
@@ -318,14 +366,21 @@ impl AdminService for Api {
             sched.status_counts(&r.namespace).await
         }
         .map_err(|e| status(&e))?;
-        let executions = counts.into_iter().map(|(s, n)| StatusCount { status: s as i32, count: n }).collect();
+        let executions =
+            counts.into_iter().map(|(s, n)| StatusCount { status: s as i32, count: n }).collect();
         ok(StatsResponse { executions })
     }
 
-    async fn failed_executions(&self, req: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
+    async fn failed_executions(
+        &self,
+        req: Request<ListExecutionsRequest>,
+    ) -> Reply<ListExecutionsResponse> {
         let mut q = list_query(req.into_inner()).map_err(|e| status(&e))?;
         q.status = Some(ExecutionStatus::Failed);
         let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
-        ok(ListExecutionsResponse { executions: page.executions, next_cursor: page.next_cursor.unwrap_or_default() })
+        ok(ListExecutionsResponse {
+            executions: page.executions,
+            next_cursor: page.next_cursor.unwrap_or_default(),
+        })
     }
 }

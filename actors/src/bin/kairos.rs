@@ -19,7 +19,8 @@ use kairos_actors::config::{Backend, ENV_VARS, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::Database;
 
-const USAGE: &str = "usage: kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
+const USAGE: &str = "usage: kairos worker --queue QUEUE [--endpoint URL] [--namespace NS] [--concurrency N] [--worker-id ID]
+       kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
 [--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER]";
 
 fn main() -> anyhow::Result<()> {
@@ -30,6 +31,13 @@ fn main() -> anyhow::Result<()> {
     };
     match command {
         "dev" | "serve" => {}
+        "worker" => {
+            return tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+                .block_on(worker(flags));
+        }
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             return Ok(());
@@ -43,6 +51,55 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?
         .block_on(run(config))
+}
+
+/// `kairos worker`: runs the generic executors (`command` definitions) for one queue.
+async fn worker(flags: &[String]) -> anyhow::Result<()> {
+    let mut endpoint = "http://127.0.0.1:7071".to_string();
+    let mut namespace = "default".to_string();
+    let mut queue = None;
+    let mut concurrency = 8usize;
+    let mut worker_id = format!("worker-{}", std::process::id());
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--endpoint" => endpoint = value.clone(),
+            "--namespace" => namespace = value.clone(),
+            "--queue" => queue = Some(value.clone()),
+            "--concurrency" => concurrency = value.parse().context("--concurrency: a number")?,
+            "--worker-id" => worker_id = value.clone(),
+            other => bail!("unknown flag `{other}`\n{USAGE}"),
+        }
+    }
+    let queue = queue.context("--queue is required")?;
+    let client = kairos_sdk::Client::connect(&endpoint).await?.with_namespace(namespace);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let w = kairos_sdk::Worker::new(client, queue.clone(), worker_id.clone())
+        .concurrency(concurrency)
+        .fallback(generic_executor);
+    println!(
+        "kairos worker {worker_id}: serving queue {queue} from {endpoint} ({concurrency} at once)"
+    );
+    let run = tokio::spawn(w.run(stop_rx));
+    wait_for_signal().await;
+    println!("kairos worker: finishing running tasks…");
+    let _ = stop_tx.send(true);
+    run.await.context("worker task")??;
+    Ok(())
+}
+
+/// Dispatches on the definition's `execution.type`.
+async fn generic_executor(
+    task: kairos_sdk::Task,
+) -> Result<serde_json::Value, kairos_sdk::TaskError> {
+    match task.definition_execution.get("type").and_then(|t| t.as_str()) {
+        Some("command") => kairos_sdk::run_command(task).await,
+        Some(other) => Err(kairos_sdk::TaskError::permanent(format!(
+            "kairos worker has no executor for execution.type {other:?} (supported: command)"
+        ))),
+        None => Err(kairos_sdk::TaskError::permanent("definition has no execution.type")),
+    }
 }
 
 fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {
@@ -142,9 +199,10 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let (bound, http) = kairos_actors::api::http::serve(listen, node.clone(), stopped(shutdown_rx.clone()))
-        .await
-        .with_context(|| format!("listening on {listen}"))?;
+    let (bound, http) =
+        kairos_actors::api::http::serve(listen, node.clone(), stopped(shutdown_rx.clone()))
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
     let (bound_grpc, grpc) = kairos_actors::api::grpc::Api::new(node.clone())
         .serve(listen_grpc, stopped(shutdown_rx))
         .await

@@ -1,0 +1,340 @@
+//! The client: submissions (absolute or delayed, with idempotency keys and safe retries),
+//! reads, cancel, replay, wait, definitions and administration.
+
+use std::time::Duration;
+
+use kairos_proto::storage::v1::{
+    Attempt, Execution, ExecutionStatus, JobDefinition, Node, ShardLease,
+};
+use kairos_proto::v1::admin_service_client::AdminServiceClient;
+use kairos_proto::v1::definition_service_client::DefinitionServiceClient;
+use kairos_proto::v1::execution_service_client::ExecutionServiceClient;
+use kairos_proto::v1::worker_service_client::WorkerServiceClient;
+use kairos_proto::v1::*;
+use tonic::transport::{Channel, Endpoint};
+
+/// A client error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// The server answered with an error status (its message names the field at fault).
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    Status(tonic::Status),
+    /// The server could not be reached.
+    #[error("cannot reach {endpoint}: {reason}")]
+    Connect {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// No answer in time; for a submit with an idempotency key the outcome is unknown until
+    /// retried (the SDK retries by itself).
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// Bad input detected before sending.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn code_name(c: tonic::Code) -> String {
+    format!("{c:?}")
+}
+
+impl Error {
+    /// The gRPC code (Unavailable for connection problems, DeadlineExceeded for time-outs).
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            Error::Status(s) => s.code(),
+            Error::Connect { .. } => tonic::Code::Unavailable,
+            Error::Timeout(_) => tonic::Code::DeadlineExceeded,
+            Error::Invalid(_) => tonic::Code::InvalidArgument,
+        }
+    }
+
+    /// Whether retrying the same request may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
+    }
+}
+
+/// A connected client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    channel: Channel,
+    namespace: String,
+    timeout: Duration,
+    retries: u32,
+}
+
+/// What a submit returned.
+pub type Submitted = SubmitResponse;
+
+impl Client {
+    /// Connects to a node's gRPC endpoint (`http://host:port`), with a 5 s connect time-out.
+    pub async fn connect(endpoint: &str) -> Result<Client, Error> {
+        let ep = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| Error::Invalid(format!("endpoint {endpoint:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let channel = ep.connect().await.map_err(|e| Error::Connect {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Client::from_channel(channel))
+    }
+
+    /// A client over a channel the caller built (e.g. over a simulated network).
+    pub fn from_channel(channel: Channel) -> Client {
+        Client {
+            channel,
+            namespace: "default".into(),
+            timeout: Duration::from_secs(30),
+            retries: 3,
+        }
+    }
+
+    /// The same client in another namespace.
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// The same client with another per-call time-out (default 30 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Runs one call with the client's time-out (a client-side time-out: `grpc-timeout` alone
+    /// does not stop waiting for a server that vanished).
+    pub(crate) async fn call<T, F>(&self, timeout: Duration, f: F) -> Result<T, Error>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match tokio::time::timeout(timeout, f).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) => Err(Error::Status(s)),
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
+    }
+
+    pub(crate) fn executions(&self) -> ExecutionServiceClient<Channel> {
+        ExecutionServiceClient::new(self.channel.clone())
+    }
+
+    pub(crate) fn workers(&self) -> WorkerServiceClient<Channel> {
+        WorkerServiceClient::new(self.channel.clone())
+    }
+
+    fn definitions(&self) -> DefinitionServiceClient<Channel> {
+        DefinitionServiceClient::new(self.channel.clone())
+    }
+
+    fn admin(&self) -> AdminServiceClient<Channel> {
+        AdminServiceClient::new(self.channel.clone())
+    }
+
+    /// Starts a submission of `definition_uri` (`registry://jobs/<name>`) at `version`.
+    pub fn submit(&self, definition_uri: &str, version: u32) -> SubmitBuilder {
+        SubmitBuilder {
+            client: self.clone(),
+            req: SubmitRequest {
+                namespace: self.namespace.clone(),
+                definition_uri: definition_uri.to_string(),
+                definition_version: version,
+                inputs_json: "{}".into(),
+                execute_at_ms: 0,
+                idempotency_key: String::new(),
+            },
+            after: None,
+        }
+    }
+
+    /// An execution and its attempts.
+    pub async fn get(&self, id: &str) -> Result<(Execution, Vec<Attempt>), Error> {
+        let req =
+            GetExecutionRequest { namespace: self.namespace.clone(), execution_id: id.to_string() };
+        let r = self.call(self.timeout, self.executions().get(req)).await?;
+        Ok((r.execution.unwrap_or_default(), r.attempts))
+    }
+
+    /// Cancels an execution that has not started.
+    pub async fn cancel(&self, id: &str) -> Result<Execution, Error> {
+        let req = ExecutionRef { namespace: self.namespace.clone(), execution_id: id.to_string() };
+        Ok(self
+            .call(self.timeout, self.executions().cancel(req))
+            .await?
+            .execution
+            .unwrap_or_default())
+    }
+
+    /// Replays a failed execution.
+    pub async fn replay(&self, id: &str) -> Result<Execution, Error> {
+        let req = ExecutionRef { namespace: self.namespace.clone(), execution_id: id.to_string() };
+        Ok(self
+            .call(self.timeout, self.executions().replay(req))
+            .await?
+            .execution
+            .unwrap_or_default())
+    }
+
+    /// One page of executions.
+    pub async fn list(
+        &self,
+        mut req: ListExecutionsRequest,
+    ) -> Result<ListExecutionsResponse, Error> {
+        req.namespace = self.namespace.clone();
+        self.call(self.timeout, self.executions().list(req)).await
+    }
+
+    /// Waits until the execution reaches SUCCEEDED, FAILED or CANCELLED (polling with
+    /// back-off up to 1 s), or `timeout` passes.
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<Execution, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let (e, _) = self.get(id).await?;
+            let done = matches!(
+                e.status(),
+                ExecutionStatus::Succeeded | ExecutionStatus::Failed | ExecutionStatus::Cancelled
+            );
+            if done {
+                return Ok(e);
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Registers a definition file's text (YAML or JSON); returns it and whether it is new.
+    pub async fn register_definition(&self, source: &str) -> Result<(JobDefinition, bool), Error> {
+        let req = RegisterDefinitionRequest {
+            namespace: self.namespace.clone(),
+            source: source.to_string(),
+        };
+        let r = self.call(self.timeout, self.definitions().register(req)).await?;
+        Ok((r.definition.unwrap_or_default(), r.created))
+    }
+
+    /// A definition version (`None` = latest).
+    pub async fn get_definition(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<JobDefinition, Error> {
+        let req = GetDefinitionRequest {
+            namespace: self.namespace.clone(),
+            name: name.to_string(),
+            version: version.unwrap_or(0),
+        };
+        Ok(self
+            .call(self.timeout, self.definitions().get(req))
+            .await?
+            .definition
+            .unwrap_or_default())
+    }
+
+    /// Every definition version of the namespace.
+    pub async fn list_definitions(&self) -> Result<Vec<JobDefinition>, Error> {
+        let req = ListDefinitionsRequest { namespace: self.namespace.clone() };
+        Ok(self.call(self.timeout, self.definitions().list(req)).await?.definitions)
+    }
+
+    /// The cluster's nodes.
+    pub async fn nodes(&self) -> Result<Vec<Node>, Error> {
+        Ok(self.call(self.timeout, self.admin().nodes(Empty {})).await?.nodes)
+    }
+
+    /// Shard leases and the shard count.
+    pub async fn shards(&self) -> Result<(Vec<ShardLease>, u32), Error> {
+        let r = self.call(self.timeout, self.admin().shards(Empty {})).await?;
+        Ok((r.leases, r.shard_count))
+    }
+
+    /// Executions by status (this namespace; `all` for every namespace).
+    pub async fn stats(&self, all: bool) -> Result<Vec<(ExecutionStatus, i64)>, Error> {
+        let ns = if all { String::new() } else { self.namespace.clone() };
+        let r = self.call(self.timeout, self.admin().stats(StatsRequest { namespace: ns })).await?;
+        Ok(r.executions.iter().map(|c| (c.status(), c.count)).collect())
+    }
+}
+
+/// A submission being built.
+pub struct SubmitBuilder {
+    client: Client,
+    req: SubmitRequest,
+    after: Option<Duration>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl SubmitBuilder {
+    /// The inputs (a JSON object).
+    pub fn inputs(mut self, inputs: serde_json::Value) -> Self {
+        self.req.inputs_json = inputs.to_string();
+        self
+    }
+
+    /// Run at this time (milliseconds since the epoch).
+    pub fn at(mut self, execute_at_ms: i64) -> Self {
+        self.req.execute_at_ms = execute_at_ms;
+        self.after = None;
+        self
+    }
+
+    /// Run after this delay (client sugar: `execute_at = now + delay`, fixed when sent).
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.after = Some(delay);
+        self
+    }
+
+    /// The idempotency key: the same key with the same request returns the same execution.
+    /// Without one, the SDK makes one up so its own retries stay safe.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.req.idempotency_key = key.into();
+        self
+    }
+
+    /// Sends it. A time-out or an unreachable node means "outcome unknown": the SDK retries
+    /// with the same idempotency key (up to 3 times), so at most one execution results.
+    pub async fn send(mut self) -> Result<Submitted, Error> {
+        if let Some(d) = self.after {
+            self.req.execute_at_ms = now_ms() + d.as_millis() as i64;
+        } else if self.req.execute_at_ms == 0 {
+            self.req.execute_at_ms = now_ms();
+        }
+        if self.req.idempotency_key.is_empty() {
+            let nonce: u64 = std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                now_ms(),
+            );
+            self.req.idempotency_key = format!("sdk:{:x}:{nonce:016x}", now_ms());
+        }
+        let mut attempt = 0;
+        loop {
+            let r = self
+                .client
+                .call(self.client.timeout, self.client.executions().submit(self.req.clone()))
+                .await;
+            match r {
+                Err(e) if e.is_transient() && attempt < self.client.retries => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}

@@ -11,6 +11,7 @@
 //! named-actor registry, and take every wait from the injected clock.
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod context;
 pub mod dispatcher;

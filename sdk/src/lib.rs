@@ -16,6 +16,7 @@
 //! ```
 
 pub mod client;
+pub mod ctl;
 pub mod worker;
 
 pub use client::{Client, Error, SubmitBuilder, Submitted};

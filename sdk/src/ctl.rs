@@ -1,15 +1,14 @@
-//! `kairosctl`: the Kairos admin console. One-shot commands, or `console` for an interactive
+//! `kairosctl`: the Kairos admin console (the binary is a thin `main` calling [`main`]). One-shot commands, or `console` for an interactive
 //! session; human-readable tables by default, `--json` for scripts.
 //!
 //! Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · 4 conflict (already exists,
 //! wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out.
-#![allow(clippy::disallowed_methods)] // a CLI reads the wall clock for --after
 
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
-use kairos_sdk::Client;
-use kairos_sdk::records::{Execution, ExecutionStatus, JobDefinition};
+use crate::Client;
+use crate::records::{Execution, ExecutionStatus, JobDefinition};
 use serde_json::{Value, json};
 
 const USAGE: &str = "usage: kairosctl [--endpoint URL] [--namespace NS] [--json] <command>
@@ -28,12 +27,12 @@ struct Opts {
 
 enum Failure {
     Usage(String),
-    Client(kairos_sdk::Error),
+    Client(crate::Error),
     Other(String),
 }
 
-impl From<kairos_sdk::Error> for Failure {
-    fn from(e: kairos_sdk::Error) -> Self {
+impl From<crate::Error> for Failure {
+    fn from(e: crate::Error) -> Self {
         Failure::Client(e)
     }
 }
@@ -377,8 +376,13 @@ fn report(r: Result<String, Failure>) -> i32 {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+/// Runs `kairosctl` with the process arguments; exits the process with its exit code.
+pub fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(run_main());
+}
+
+async fn run_main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");

@@ -1,4 +1,4 @@
-//! The `kairos` binary.
+//! The `kairos` command line (the binary is a thin `main` calling [`main`]).
 //!
 //! ```text
 //! kairos dev   [flags]   one node on the embedded backend in ./kairos-data: no set-up
@@ -13,9 +13,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::Node;
+use crate::config::{Backend, ENV_VARS, NodeConfig};
 use anyhow::{Context, bail};
-use kairos_actors::Node;
-use kairos_actors::config::{Backend, ENV_VARS, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::Database;
 
@@ -23,7 +23,8 @@ const USAGE: &str = "usage: kairos worker --queue QUEUE [--endpoint URL] [--name
        kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
 [--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER]";
 
-fn main() -> anyhow::Result<()> {
+/// Runs the `kairos` command line with the process arguments.
+pub fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (command, flags) = match args.split_first() {
         Some((c, rest)) => (c.as_str(), rest),
@@ -199,11 +200,10 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let (bound, http) =
-        kairos_actors::api::http::serve(listen, node.clone(), stopped(shutdown_rx.clone()))
-            .await
-            .with_context(|| format!("listening on {listen}"))?;
-    let (bound_grpc, grpc) = kairos_actors::api::grpc::Api::new(node.clone())
+    let (bound, http) = crate::api::http::serve(listen, node.clone(), stopped(shutdown_rx.clone()))
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let (bound_grpc, grpc) = crate::api::grpc::Api::new(node.clone())
         .serve(listen_grpc, stopped(shutdown_rx))
         .await
         .with_context(|| format!("listening on {listen_grpc}"))?;

@@ -54,7 +54,7 @@ pub fn main() -> anyhow::Result<()> {
         .block_on(run(config))
 }
 
-/// `kairos worker`: runs the generic executors (`command` definitions) for one queue.
+/// `kairos worker`: runs the generic executors (`command` and `http` definitions) for one queue.
 async fn worker(flags: &[String]) -> anyhow::Result<()> {
     let mut endpoint = "http://127.0.0.1:7071".to_string();
     let mut namespace = "default".to_string();
@@ -78,7 +78,7 @@ async fn worker(flags: &[String]) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = kairos_sdk::Worker::new(client, queue.clone(), worker_id.clone())
         .concurrency(concurrency)
-        .fallback(generic_executor);
+        .fallback(kairos_sdk::run_generic);
     println!(
         "kairos worker {worker_id}: serving queue {queue} from {endpoint} ({concurrency} at once)"
     );
@@ -88,19 +88,6 @@ async fn worker(flags: &[String]) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     run.await.context("worker task")??;
     Ok(())
-}
-
-/// Dispatches on the definition's `execution.type`.
-async fn generic_executor(
-    task: kairos_sdk::Task,
-) -> Result<serde_json::Value, kairos_sdk::TaskError> {
-    match task.definition_execution.get("type").and_then(|t| t.as_str()) {
-        Some("command") => kairos_sdk::run_command(task).await,
-        Some(other) => Err(kairos_sdk::TaskError::permanent(format!(
-            "kairos worker has no executor for execution.type {other:?} (supported: command)"
-        ))),
-        None => Err(kairos_sdk::TaskError::permanent("definition has no execution.type")),
-    }
 }
 
 fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {

@@ -11,14 +11,17 @@
 //!     .idempotency_key("report-2026-08-12")
 //!     .send()
 //!     .await?;
-//! let done = client.wait(&s.execution.id, std::time::Duration::from_secs(120)).await?;
+//! let id = s.execution.expect("an execution").id;
+//! let done = client.wait(&id, std::time::Duration::from_secs(120)).await?;
 //! # Ok(()) }
 //! ```
 
 pub mod client;
 pub mod ctl;
+pub mod executors;
 pub mod worker;
 
 pub use client::{Client, Error, SubmitBuilder, Submitted};
+pub use executors::{run_command, run_generic, run_http};
 pub use kairos_proto::storage::v1 as records;
-pub use worker::{Handler, Task, TaskError, Worker, run_command};
+pub use worker::{Handler, Task, TaskError, Worker};

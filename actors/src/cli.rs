@@ -10,6 +10,8 @@
 //! Stops on Ctrl-C / SIGTERM: drains (stops claiming, finishes in-flight transactions,
 //! releases shard leases so other nodes take over at once), then exits.
 
+#![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -74,7 +76,21 @@ async fn worker(flags: &[String]) -> anyhow::Result<()> {
         }
     }
     let queue = queue.context("--queue is required")?;
-    let client = kairos_sdk::Client::connect(&endpoint).await?.with_namespace(namespace);
+    // Wait for the node (it may still be starting), up to 30 s.
+    let mut tries = 0;
+    let client = loop {
+        match kairos_sdk::Client::connect(&endpoint).await {
+            Ok(c) => break c.with_namespace(namespace),
+            Err(e) if tries < 60 => {
+                if tries == 0 {
+                    eprintln!("kairos worker: {e}; retrying for up to 30 s");
+                }
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = kairos_sdk::Worker::new(client, queue.clone(), worker_id.clone())
         .concurrency(concurrency)

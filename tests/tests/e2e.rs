@@ -164,6 +164,7 @@ fn rfc3339_in(secs: i64) -> String {
 }
 
 const ECHO: &str = "name: echo\nversion: 1\ninputs:\n  name: string\nexecution:\n  type: command\n  command: [\"sh\", \"-c\", \"cat\"]\n";
+const SLOW: &str = "name: slow\nversion: 1\ntimeouts: {lease: 2s}\nexecution:\n  type: command\n  command: [\"sh\", \"-c\", \"sleep 1; cat\"]\n";
 const FLAKY: &str = "name: flaky\nversion: 1\nretry: {max_attempts: 2, base_delay: 100ms, max_delay: 200ms}\nexecution:\n  type: command\n  command: [\"sh\", \"-c\", \"echo boom >&2; exit 3\"]\n";
 
 #[test]
@@ -173,7 +174,8 @@ fn a_user_session_with_real_processes() {
     let mut node = start_node(dir.path(), http, grpc);
     std::fs::write(dir.path().join("echo.yaml"), ECHO).unwrap();
     std::fs::write(dir.path().join("flaky.yaml"), FLAKY).unwrap();
-    for f in ["echo.yaml", "flaky.yaml"] {
+    std::fs::write(dir.path().join("slow.yaml"), SLOW).unwrap();
+    for f in ["echo.yaml", "flaky.yaml", "slow.yaml"] {
         let (code, out) =
             ctl(grpc, &["definitions", "apply", dir.path().join(f).to_str().unwrap()]);
         assert_eq!(code, 0, "{out}");

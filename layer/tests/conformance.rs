@@ -93,6 +93,29 @@ mod suite {
         assert_eq!(keys(db, RangeOption::new(k(""), k("\u{7f}"))).await, ["b", "d", "n"]);
     }
 
+    pub async fn atomic_adds_in_one_transaction_keep_their_order(h: Harness) {
+        let db = &h.db;
+        put(db, &[("base", "")]).await;
+        let tx = db.begin().unwrap();
+        tx.add_i64(b"c", 1).unwrap();
+        tx.set(b"other", b"x").unwrap();
+        tx.add_i64(b"c", 2).unwrap(); // merges with the first add
+        tx.add_i64(b"d", 5).unwrap();
+        tx.set(b"d", &100i64.to_le_bytes()).unwrap(); // a set between adds
+        tx.add_i64(b"d", 1).unwrap();
+        tx.add_i64(b"e", 7).unwrap();
+        tx.clear_range(b"e", b"f").unwrap(); // a clear between adds
+        tx.add_i64(b"e", 1).unwrap();
+        tx.atomic_add(b"w", &[1]).unwrap(); // different widths do not merge
+        tx.atomic_add(b"w", &[1, 1]).unwrap();
+        tx.commit().await.unwrap();
+        let tx = db.begin().unwrap();
+        assert_eq!(decode_i64(tx.get(b"c").await.unwrap().as_deref()), 3);
+        assert_eq!(decode_i64(tx.get(b"d").await.unwrap().as_deref()), 101);
+        assert_eq!(decode_i64(tx.get(b"e").await.unwrap().as_deref()), 1);
+        assert_eq!(tx.get(b"w").await.unwrap().as_deref(), Some(&[2u8, 1][..]));
+    }
+
     pub async fn snapshot_isolation(h: Harness) {
         let db = &h.db;
         put(db, &[("x", "old")]).await;
@@ -378,7 +401,7 @@ macro_rules! conformance {
     ($backend:ident) => {
         mod $backend {
             use super::*;
-            conformance!(@tests $backend, read_your_writes, snapshot_isolation,
+            conformance!(@tests $backend, read_your_writes, atomic_adds_in_one_transaction_keep_their_order, snapshot_isolation,
                 read_write_conflict_aborts_one, run_retries_conflicts, snapshot_reads_do_not_conflict,
                 explicit_conflict_ranges_conflict, range_reads_edges, atomic_add_under_concurrency,
                 versionstamps_unique_and_increasing, watch_fires_on_change_only, limits_rejected,

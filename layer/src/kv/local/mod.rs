@@ -123,6 +123,10 @@ struct State {
     write_conflicts: Vec<KeyRange>,
     watches: Vec<(Vec<u8>, WatchSender)>,
     size_bytes: usize,
+    /// Index in `mutations` of the latest `Add` of a key with nothing else touching the key
+    /// since: another add of the same width merges into it (a counter bumped by every
+    /// execution of a batch costs one read-modify-write at commit, not one each).
+    last_add: BTreeMap<Vec<u8>, usize>,
 }
 
 impl State {
@@ -197,6 +201,7 @@ impl LocalTransaction {
                 write_conflicts: Vec::new(),
                 watches: Vec::new(),
                 size_bytes: 0,
+                last_add: BTreeMap::new(),
             }),
         })
     }
@@ -371,6 +376,7 @@ impl KvTransaction for LocalTransaction {
             value.len(),
         )?;
         st.writes.insert(key.to_vec(), Pending::Value(v));
+        st.last_add.remove(key);
         Ok(())
     }
 
@@ -379,6 +385,7 @@ impl KvTransaction for LocalTransaction {
         let mut st = self.open()?;
         st.add_write(key.to_vec(), key_after(key), Mutation::Clear(key.to_vec()), 0)?;
         st.writes.insert(key.to_vec(), Pending::Cleared);
+        st.last_add.remove(key);
         Ok(())
     }
 
@@ -398,6 +405,14 @@ impl KvTransaction for LocalTransaction {
         for k in inside {
             st.writes.remove(&k);
         }
+        let adds: Vec<Vec<u8>> = st
+            .last_add
+            .range::<[u8], _>((Bound::Included(begin), Bound::Excluded(end)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in adds {
+            st.last_add.remove(&k);
+        }
         st.cleared.push((begin.to_vec(), end.to_vec()));
         Ok(())
     }
@@ -407,12 +422,26 @@ impl KvTransaction for LocalTransaction {
         check_value(param)?;
         let mut st = self.open()?;
         let p = Bytes::copy_from_slice(param);
-        st.add_write(
-            key.to_vec(),
-            key_after(key),
-            Mutation::Add(key.to_vec(), p.clone()),
-            param.len(),
-        )?;
+        let merged = match st.last_add.get(key).copied() {
+            Some(i) => match &mut st.mutations[i] {
+                Mutation::Add(_, old) if old.len() == p.len() => {
+                    *old = atomic_add(Some(old), &p);
+                    true
+                }
+                _ => false,
+            },
+            None => false,
+        };
+        if !merged {
+            st.add_write(
+                key.to_vec(),
+                key_after(key),
+                Mutation::Add(key.to_vec(), p.clone()),
+                param.len(),
+            )?;
+            let i = st.mutations.len() - 1;
+            st.last_add.insert(key.to_vec(), i);
+        }
         let cleared = st.in_cleared(key);
         let next = match st.writes.remove(key) {
             Some(Pending::Value(v)) => Pending::Value(atomic_add(Some(&v), &p)),
@@ -442,6 +471,7 @@ impl KvTransaction for LocalTransaction {
         // Its write conflict range is added at commit, once the versionstamp is known.
         st.grow(key.len() + value.len() + MUTATION_OVERHEAD_BYTES)?;
         st.mutations.push(m);
+        st.last_add.clear(); // its final key is unknown: merge no add across it
         Ok(())
     }
 
@@ -457,6 +487,7 @@ impl KvTransaction for LocalTransaction {
         };
         st.add_write(key.to_vec(), key_after(key), m, value.len())?;
         st.writes.insert(key.to_vec(), Pending::Unreadable);
+        st.last_add.remove(key);
         Ok(())
     }
 

@@ -68,15 +68,25 @@ pub fn plan_leases(
     plan
 }
 
-/// What a round did: shards acquired (with their epochs), lost and released.
-pub type RoundOutcome = (Vec<(u32, u64)>, Vec<u32>, Vec<u32>);
+/// What a round did.
+#[derive(Debug, Default)]
+pub struct RoundOutcome {
+    /// Shards acquired: (shard, epoch, lease expiry).
+    pub acquired: Vec<(u32, u64, i64)>,
+    /// Shards renewed: (shard, lease expiry).
+    pub renewed: Vec<(u32, i64)>,
+    /// Shards whose lease was lost.
+    pub lost: Vec<u32>,
+    /// Shards given up.
+    pub released: Vec<u32>,
+}
 
 /// Messages of the lease manager.
 #[derive(Debug)]
 pub enum LeaseMsg {
     /// Run a round.
     Tick,
-    /// A round finished: (acquired shard, epoch), lost shards, released shards.
+    /// A round finished.
     Round(Result<RoundOutcome, Error>),
     /// Stop every owner and release every lease.
     Drain(RpcReplyPort<()>),
@@ -89,6 +99,8 @@ pub struct ShardLeaseManager;
 pub struct LeaseState {
     ctx: Ctx,
     held: BTreeMap<u32, (u64, ActorRef<OwnerMsg>)>,
+    /// Until when each held lease is known to be ours.
+    valid_until: BTreeMap<u32, i64>,
     busy: bool,
     draining: bool,
     started_at_ms: i64,
@@ -144,17 +156,21 @@ async fn run_round(
         sched.config().shard_count,
     );
     let duration = c.shard_lease_ms as i64;
-    let mut lost = Vec::new();
+    let mut out = RoundOutcome::default();
     for shard in &plan.renew {
-        if let Err(e) = sched.renew_shard(*shard, &ctx.node_id, held[shard], duration).await {
-            tracing::warn!(shard, error = %e, "shard lease lost");
-            lost.push(*shard);
+        match sched.renew_shard(*shard, &ctx.node_id, held[shard], duration).await {
+            Ok(l) => out.renewed.push((*shard, l.expires_at_ms)),
+            Err(e @ Error::OwnershipLost { .. }) => {
+                tracing::warn!(shard, error = %e, "shard lease lost");
+                out.lost.push(*shard);
+            }
+            // Not renewed this round; the owner stops if the lease runs out meanwhile.
+            Err(e) => tracing::warn!(shard, error = %e, "shard lease not renewed"),
         }
     }
-    let mut acquired = Vec::new();
     for shard in plan.acquire {
         match sched.acquire_shard(shard, &ctx.node_id, duration).await {
-            Ok(l) => acquired.push((shard, l.epoch)),
+            Ok(l) => out.acquired.push((shard, l.epoch, l.expires_at_ms)),
             Err(Error::LeaseHeld { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -162,7 +178,8 @@ async fn run_round(
     for shard in &plan.release {
         sched.release_shard(*shard, &ctx.node_id, held[shard]).await?;
     }
-    Ok((acquired, lost, plan.release))
+    out.released = plan.release;
+    Ok(out)
 }
 
 impl Actor for ShardLeaseManager {
@@ -176,8 +193,14 @@ impl Actor for ShardLeaseManager {
         ctx: Ctx,
     ) -> Result<LeaseState, ActorProcessingErr> {
         let started_at_ms = ctx.now_ms();
-        let mut s =
-            LeaseState { ctx, held: BTreeMap::new(), busy: false, draining: false, started_at_ms };
+        let mut s = LeaseState {
+            ctx,
+            held: BTreeMap::new(),
+            valid_until: BTreeMap::new(),
+            busy: false,
+            draining: false,
+            started_at_ms,
+        };
         s.round(&myself);
         Ok(s)
     }
@@ -189,11 +212,32 @@ impl Actor for ShardLeaseManager {
         s: &mut LeaseState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            LeaseMsg::Tick => s.round(&myself),
+            LeaseMsg::Tick => {
+                // A lease that ran out without a renewal may already be someone else's: stop
+                // its owner now rather than wait to be fenced out.
+                let now = s.ctx.now_ms();
+                let lapsed: Vec<u32> = s
+                    .valid_until
+                    .iter()
+                    .filter(|(_, until)| **until <= now)
+                    .map(|(s, _)| *s)
+                    .collect();
+                for shard in lapsed {
+                    s.valid_until.remove(&shard);
+                    if let Some((_, owner)) = s.held.remove(&shard) {
+                        tracing::warn!(shard, "shard lease ran out unrenewed: stopping its owner");
+                        owner.stop(Some("lease expired".into()));
+                    }
+                }
+                s.round(&myself)
+            }
             LeaseMsg::Round(r) => {
                 s.busy = false;
                 match r {
-                    Ok((acquired, lost, released)) => {
+                    Ok(RoundOutcome { acquired, renewed, lost, released }) => {
+                        for (shard, until) in renewed {
+                            s.valid_until.insert(shard, until);
+                        }
                         if !acquired.is_empty() || !lost.is_empty() || !released.is_empty() {
                             tracing::info!(
                                 acquired = acquired.len(),
@@ -203,14 +247,16 @@ impl Actor for ShardLeaseManager {
                             );
                         }
                         for shard in lost.iter().chain(&released) {
+                            s.valid_until.remove(shard);
                             if let Some((_, owner)) = s.held.remove(shard) {
                                 owner.stop(Some("lease lost or released".into()));
                             }
                         }
-                        for (shard, epoch) in acquired {
+                        for (shard, epoch, until) in acquired {
                             if s.draining {
                                 break;
                             }
+                            s.valid_until.insert(shard, until);
                             let args = OwnerArgs { ctx: s.ctx.clone(), shard, epoch };
                             match Actor::spawn_linked(None, ShardOwner, args, myself.get_cell())
                                 .await
@@ -232,6 +278,7 @@ impl Actor for ShardLeaseManager {
             }
             LeaseMsg::Drain(reply) => {
                 s.draining = true;
+                s.valid_until.clear();
                 let held = std::mem::take(&mut s.held);
                 for (shard, (epoch, owner)) in held {
                     let _ = owner
@@ -266,6 +313,8 @@ impl Actor for ShardLeaseManager {
                 s.ctx.metrics.actor_restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             s.held.retain(|_, (_, owner)| owner.get_id() != cell.get_id());
+            let held = &s.held;
+            s.valid_until.retain(|shard, _| held.contains_key(shard));
         }
         Ok(())
     }

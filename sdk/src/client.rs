@@ -70,17 +70,33 @@ pub struct Client {
 pub type Submitted = SubmitResponse;
 
 impl Client {
-    /// Connects to a node's gRPC endpoint (`http://host:port`), with a 5 s connect time-out.
+    /// Connects to a node's gRPC endpoint (`http://host:port`): a 5 s time-out per try, 3
+    /// tries with back-off. Later calls reconnect by themselves if the node restarts.
     pub async fn connect(endpoint: &str) -> Result<Client, Error> {
         let ep = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| Error::Invalid(format!("endpoint {endpoint:?}: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
-        let channel = ep.connect().await.map_err(|e| Error::Connect {
-            endpoint: endpoint.to_string(),
-            reason: e.to_string(),
-        })?;
-        Ok(Client::from_channel(channel))
+        let mut tries = 0;
+        loop {
+            match ep.connect().await {
+                Ok(channel) => return Ok(Client::from_channel(channel)),
+                Err(_) if tries < 2 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+                }
+                Err(e) => {
+                    // tonic's own message is just "transport error": add its causes.
+                    let mut reason = e.to_string();
+                    let mut cause = std::error::Error::source(&e);
+                    while let Some(c) = cause {
+                        reason.push_str(&format!(": {c}"));
+                        cause = c.source();
+                    }
+                    return Err(Error::Connect { endpoint: endpoint.to_string(), reason });
+                }
+            }
+        }
     }
 
     /// A client over a channel the caller built (e.g. over a simulated network).

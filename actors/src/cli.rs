@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::Node;
-use crate::config::{Backend, ENV_VARS, NodeConfig};
+use crate::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::Database;
@@ -135,7 +135,6 @@ fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {
         config.set(setting, value)?;
     }
     config.validate()?;
-    let _ = ENV_VARS; // documented in NodeConfig
     Ok(config)
 }
 

@@ -51,9 +51,18 @@ impl Error {
         }
     }
 
-    /// Whether retrying the same request may succeed.
+    /// Whether retrying the same request may succeed: the node was unreachable, did not
+    /// answer in time, or the connection broke mid-call (tonic reports a reset connection as
+    /// `Unknown` / `Cancelled`). The outcome of such a call is unknown.
     pub fn is_transient(&self) -> bool {
-        matches!(self.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)
+        matches!(
+            self.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Aborted
+        )
     }
 }
 

@@ -142,11 +142,16 @@ impl Worker {
             };
             let tasks = match polled {
                 Ok(r) => r.tasks,
-                Err(e) if e.is_transient() => {
+                // A misconfigured worker (bad queue or namespace name) stops with the error;
+                // anything else (node restarting, connection reset, store busy) is waited out.
+                Err(e) if e.code() == tonic::Code::InvalidArgument => return Err(e),
+                Err(e) => {
+                    if !e.is_transient() {
+                        eprintln!("kairos worker: poll failed: {e}; retrying");
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
-                Err(e) => return Err(e),
             };
             for t in tasks {
                 let permit = slots.clone().acquire_owned().await.expect("semaphore open");

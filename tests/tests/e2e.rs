@@ -17,6 +17,8 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+static NODE_STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 struct Killed(Child);
 
 impl Drop for Killed {
@@ -32,7 +34,7 @@ struct Node {
 
 fn start_node(dir: &Path, http: u16, grpc: u16) -> Node {
     let child = Command::new(KAIROS)
-        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
+        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "info"])
         .args([
             "--listen-http",
             &format!("127.0.0.1:{http}"),
@@ -40,7 +42,7 @@ fn start_node(dir: &Path, http: u16, grpc: u16) -> Node {
             &format!("127.0.0.1:{grpc}"),
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log_file(&format!("node-{}", NODE_STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))))
         .spawn()
         .expect("kairos starts");
     let node = Node { proc: Killed(child) };
@@ -102,12 +104,22 @@ fn ctl(grpc: u16, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+fn log_file(name: &str) -> Stdio {
+    match std::env::var("KAIROS_E2E_LOGS") {
+        Ok(dir) => {
+            let _ = std::fs::create_dir_all(&dir);
+            Stdio::from(std::fs::File::create(format!("{dir}/{name}.log")).unwrap())
+        }
+        Err(_) => Stdio::null(),
+    }
+}
+
 fn worker(grpc: u16, queue: &str) -> Killed {
     Killed(
         Command::new(KAIROS)
             .args(["worker", "--endpoint", &format!("http://127.0.0.1:{grpc}"), "--queue", queue])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_file(&format!("worker-{queue}")))
             .spawn()
             .expect("worker starts"),
     )

@@ -132,6 +132,8 @@ pub struct DispatcherState {
     /// Queues with a claim in flight, and whether ready work arrived meanwhile.
     queue_claims: BTreeMap<QueueKey, bool>,
     watching: BTreeSet<QueueKey>,
+    /// Claimed executions whose poll vanished before delivery, for the next poller.
+    orphans: BTreeMap<QueueKey, Vec<Claimed>>,
     in_flight: InFlight,
     draining: bool,
 }
@@ -144,6 +146,7 @@ impl DispatcherState {
     /// Claims for the waiters of `q` in one transaction (one claim in flight per queue per
     /// node: no conflicts between this node's own pollers).
     fn claim_queue(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
+        self.serve_orphans(q);
         if let Some(again) = self.queue_claims.get_mut(q) {
             *again = true; // re-run once the claim in flight returns
             return;
@@ -236,6 +239,55 @@ impl DispatcherState {
             let _ = reply.send(r);
         }
     }
+
+    /// Hands claimed executions to a waiter; if its poll is gone (the worker disconnected or
+    /// its call timed out), keeps them for the next poller of the queue instead of leaving
+    /// them RUNNING until their lease expires.
+    fn deliver(&mut self, id: u64, claimed: Vec<Claimed>) {
+        let Some(mut w) = self.waiters.remove(&id) else {
+            self.orphan(claimed);
+            return;
+        };
+        match w.reply.take().map(|reply| reply.send(Ok(claimed))) {
+            Some(Ok(())) => {}
+            Some(Err(ractor::MessagingErr::SendErr(Ok(back)))) => self.orphan(back),
+            _ => {}
+        }
+    }
+
+    fn orphan(&mut self, claimed: Vec<Claimed>) {
+        for c in claimed {
+            let q = (c.execution.namespace.clone(), c.execution.queue.clone());
+            self.orphans.entry(q).or_default().push(c);
+        }
+    }
+
+    /// Serves waiting polls of `q` from orphaned claims first (those with at least a second
+    /// of lease left; the others are left to their lease expiry and retry).
+    fn serve_orphans(&mut self, q: &QueueKey) {
+        let Some(mut orphans) = self.orphans.remove(q) else { return };
+        let now = self.ctx.now_ms();
+        orphans.retain(|c| c.execution.lease_expires_at_ms > now + 1_000);
+        let ids: Vec<u64> = self
+            .waiters
+            .iter()
+            .filter(|(id, w)| {
+                w.req.namespace == q.0 && w.req.queue == q.1 && !self.claiming.contains(id)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if orphans.is_empty() {
+                break;
+            }
+            let n = self.waiters[&id].req.max.min(orphans.len());
+            let batch: Vec<Claimed> = orphans.drain(..n).collect();
+            self.deliver(id, batch);
+        }
+        if !orphans.is_empty() {
+            self.orphans.entry(q.clone()).or_default().extend(orphans);
+        }
+    }
 }
 
 impl Actor for Dispatcher {
@@ -256,6 +308,7 @@ impl Actor for Dispatcher {
             claiming: BTreeSet::new(),
             queue_claims: BTreeMap::new(),
             watching: BTreeSet::new(),
+            orphans: BTreeMap::new(),
             in_flight: InFlight::default(),
             draining: false,
         })
@@ -324,7 +377,7 @@ impl Actor for Dispatcher {
                             }
                             more |= claimed.len() == wanted; // the queue may hold more
                             s.record_claimed(&claimed);
-                            s.answer(*id, Ok(claimed));
+                            s.deliver(*id, claimed);
                         }
                     }
                     Err(e) => {

@@ -310,3 +310,31 @@ async fn graceful_drain_releases_leases_for_an_immediate_takeover() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn work_claimed_for_a_vanished_poll_goes_to_the_next_poller() {
+    let c = cluster();
+    let node = c.node("a").await;
+    wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
+    // A worker polls an empty queue, then disconnects while its poll is parked.
+    let dead = {
+        let node = node.clone();
+        tokio::spawn(
+            async move { node.poll(PollRequest { wait_ms: 10_000, ..poll("dead", 1) }).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    dead.abort();
+    let t0 = c.now();
+    let id = node.submit(submit_at(t0, 1)).await.unwrap().execution.id;
+    let got = loop {
+        if let Some(x) = node.poll(poll("alive", 1)).await.unwrap().pop() {
+            break x;
+        }
+    };
+    assert_eq!(got.execution.id, id);
+    assert_eq!(got.attempt.number, 1, "handed over, not retried after a lease expiry");
+    assert!(c.now() - t0 < 2_000, "before the 2 s lease ran out");
+    node.complete(NS, &id, got.attempt.fencing_token, Vec::new(), String::new()).await.unwrap();
+    node.stop().await;
+}

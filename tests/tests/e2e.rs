@@ -42,7 +42,10 @@ fn start_node(dir: &Path, http: u16, grpc: u16) -> Node {
             &format!("127.0.0.1:{grpc}"),
         ])
         .stdout(Stdio::null())
-        .stderr(log_file(&format!("node-{}", NODE_STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))))
+        .stderr(log_file(&format!(
+            "node-{}",
+            NODE_STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )))
         .spawn()
         .expect("kairos starts");
     let node = Node { proc: Killed(child) };

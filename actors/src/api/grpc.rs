@@ -243,13 +243,21 @@ impl WorkerService for Api {
         let mut tasks = Vec::with_capacity(claimed.len());
         for c in claimed {
             let e = &c.execution;
-            let def = self
+            // The executions are claimed already: a failed definition lookup must not lose
+            // them, so the task goes out without the `execution` block (handlers registered
+            // by name do not need it).
+            let execution_json = match self
                 .definition(&ns, &e.definition_name, e.definition_version)
                 .await
-                .map_err(|e| status(&e))?;
+            {
+                Ok(def) => String::from_utf8_lossy(&def.execution_json).into_owned(),
+                Err(err) => {
+                    tracing::warn!(execution = %e.id, error = %err, "definition lookup failed for a claimed task");
+                    String::new()
+                }
+            };
             tasks.push(Task {
-                definition_execution_json: String::from_utf8_lossy(&def.execution_json)
-                    .into_owned(),
+                definition_execution_json: execution_json,
                 execution: Some(c.execution),
                 attempt: Some(c.attempt),
             });

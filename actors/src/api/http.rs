@@ -105,45 +105,40 @@ async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Re
     }
 }
 
+/// A JSON response for `r`, or its error mapped in one place.
+fn respond<T: serde::Serialize>(r: Result<T, ops::Error>) -> Response {
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
 async fn get_execution(
     State(node): State<Node>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let ns = match namespace(&headers) {
-        Ok(n) => n,
-        Err(e) => return error_response(&e),
-    };
-    let e = match node.scheduler().get(&ns, &id).await {
-        Ok(e) => e,
-        Err(e) => return error_response(&e),
-    };
-    match node.scheduler().attempts(&ns, &id).await {
-        Ok(a) => axum::Json(json::execution(&e, Some(&a))).into_response(),
-        Err(e) => error_response(&e),
-    }
+    respond(
+        async {
+            let ns = namespace(&headers)?;
+            let e = node.scheduler().get(&ns, &id).await?;
+            let a = node.scheduler().attempts(&ns, &id).await?;
+            Ok(json::execution(&e, Some(&a)))
+        }
+        .await,
+    )
 }
 
 async fn cancel(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let ns = match namespace(&headers) {
-        Ok(n) => n,
-        Err(e) => return error_response(&e),
-    };
-    match node.cancel(&ns, &id).await {
-        Ok(e) => axum::Json(json::execution(&e, None)).into_response(),
-        Err(e) => error_response(&e),
-    }
+    respond(
+        async { Ok(json::execution(&node.cancel(&namespace(&headers)?, &id).await?, None)) }.await,
+    )
 }
 
 async fn replay(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let ns = match namespace(&headers) {
-        Ok(n) => n,
-        Err(e) => return error_response(&e),
-    };
-    match node.replay(&ns, &id).await {
-        Ok(e) => axum::Json(json::execution(&e, None)).into_response(),
-        Err(e) => error_response(&e),
-    }
+    respond(
+        async { Ok(json::execution(&node.replay(&namespace(&headers)?, &id).await?, None)) }.await,
+    )
 }
 
 /// Query of `GET /executions`.

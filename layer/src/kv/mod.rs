@@ -186,6 +186,15 @@ pub trait KvTransaction: Send + Sync {
     fn watch(&self, key: &[u8]) -> Result<Watch>;
     /// Commits.
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>>;
+    /// The backend's own handling of a retryable `error` this transaction failed with
+    /// (FoundationDB's `on_error`: its back-off for conflicts, `future_version`,
+    /// `process_behind`, throttling). `None` when the backend has none: the retry loop then
+    /// sleeps its own full-jitter back-off. When `Some`, the future resolves once the caller may
+    /// retry with a new transaction, or fails with the error to give up with.
+    fn on_error<'a>(&'a self, error: &'a Error) -> Option<BoxFuture<'a, Result<()>>> {
+        let _ = error;
+        None
+    }
 }
 
 /// A handle on a database: cheap to clone, shared by every task of a node.
@@ -317,6 +326,10 @@ impl Transaction {
     /// Commits the transaction.
     pub async fn commit(&self) -> Result<CommitInfo> {
         self.inner.commit().await
+    }
+    /// The backend's own back-off after `error`; see [`KvTransaction::on_error`].
+    pub(crate) fn on_error<'a>(&'a self, error: &'a Error) -> Option<BoxFuture<'a, Result<()>>> {
+        self.inner.on_error(error)
     }
 }
 

@@ -23,6 +23,9 @@ pub struct RunOptions {
     pub backoff_initial: Duration,
     /// Largest back-off delay.
     pub backoff_max: Duration,
+    /// Longest a `run` keeps retrying, by the injected clock (FoundationDB's `timeout`
+    /// option): past it, the next retryable error ends the loop with `TimedOut` (1031).
+    pub deadline: Duration,
 }
 
 impl Default for RunOptions {
@@ -31,6 +34,7 @@ impl Default for RunOptions {
             retry_limit: 1_000,
             backoff_initial: Duration::from_millis(1),
             backoff_max: Duration::from_millis(1_000),
+            deadline: Duration::from_secs(30),
         }
     }
 }
@@ -61,14 +65,14 @@ impl Database {
     {
         let mut retries = 0u32;
         let mut backoff = self.options.backoff_initial;
-        let started = self.observer.as_ref().map(|_| self.clock.now());
+        let started = self.clock.now();
         loop {
             let tx = self.begin()?;
             let err: E = match f(tx.clone()).await {
                 Ok(value) => match tx.commit().await {
                     Ok(info) => {
-                        if let (Some(o), Some(t0)) = (&self.observer, started) {
-                            o.committed(self.clock.now().since(t0));
+                        if let Some(o) = &self.observer {
+                            o.committed(self.clock.now().since(started));
                         }
                         return Ok((value, info));
                     }
@@ -81,10 +85,18 @@ impl Database {
             if retries >= self.options.retry_limit {
                 return Err(err);
             }
+            if self.clock.now().since(started) >= self.options.deadline {
+                return Err(E::from(Error::TimedOut));
+            }
             if let Some(o) = &self.observer {
                 o.retrying(kv_err);
             }
             retries += 1;
+            if let Some(wait) = tx.on_error(kv_err) {
+                // The backend's own back-off (FoundationDB's `on_error`).
+                wait.await.map_err(E::from)?;
+                continue;
+            }
             // Full jitter: a uniform delay in [0, backoff].
             let cap = u64::try_from(backoff.as_micros()).unwrap_or(u64::MAX);
             let delay = Duration::from_micros(self.rng.between(0, cap));

@@ -181,6 +181,10 @@ fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::R
 }
 
 async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
+    // Declared first, dropped last: stops FoundationDB's network thread when `run` ends,
+    // however it ends, after the node and the database (a no-op on the other backends).
+    #[cfg(feature = "fdb")]
+    let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
         .with_context(|| format!("config log: bad filter {:?}", config.log))?;
     use std::io::IsTerminal;

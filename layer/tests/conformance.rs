@@ -1,5 +1,6 @@
 //! The KV conformance suite: the same checks against every backend — memory and embedded
-//! always, fdb when built with `--features fdb` and `FDB_CLUSTER_FILE` points at a cluster.
+//! always; fdb when built with `--features fdb`, as `#[ignore]`d tests run with `--ignored` and
+//! `FDB_CLUSTER_FILE` pointing at a throwaway cluster (see the fdb section at the end).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -458,17 +459,29 @@ fn memory_faults_are_injected_and_retried() {
     });
 }
 
-// FoundationDB: built with `--features fdb`, run only when `FDB_CLUSTER_FILE` names a cluster
-// file. The suite uses plain keys ("a", "k", ...), so every fdb test CLEARS THE WHOLE NORMAL
-// KEYSPACE [b"", b"\xff") first: run the fdb conformance tests ONLY against a throwaway
-// cluster. The fdb tests are serialized (they share that keyspace).
+// FoundationDB: built with `--features fdb`. The fdb tests are `#[ignore]`d, so the harness
+// reports them as ignored (not passed) unless asked to run them:
+//
+//     FDB_CLUSTER_FILE=/path/to/throwaway/fdb.cluster \
+//         cargo test -p kairos-layer --features fdb --test conformance -- --ignored
+//
+// Run that way, they fail without `FDB_CLUSTER_FILE`. The suite uses plain keys ("a", "k", ...),
+// so every fdb test CLEARS THE WHOLE NORMAL KEYSPACE [b"", b"\xff") first: run them ONLY
+// against a throwaway cluster. The fdb tests are serialized (they share that keyspace).
+
+/// The cluster file the fdb tests use.
+#[cfg(feature = "fdb")]
+fn fdb_cluster_file() -> String {
+    std::env::var("FDB_CLUSTER_FILE")
+        .expect("the fdb tests need FDB_CLUSTER_FILE naming a throwaway cluster's file")
+}
 
 /// A fresh FoundationDB harness: the cluster of `FDB_CLUSTER_FILE`, its keyspace cleared.
 /// The retry loop backs off on the real clock (FoundationDB runs in real time); the harness
 /// clock is unused by the fdb tests.
 #[cfg(feature = "fdb")]
 fn fdb() -> Harness {
-    let cluster_file = std::env::var("FDB_CLUSTER_FILE").expect("FDB_CLUSTER_FILE is set");
+    let cluster_file = fdb_cluster_file();
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let backoff: SharedClock = Arc::new(kairos_layer::env::SystemClock::default());
     let db = kairos_layer::kv::fdb::FdbDatabase::open_database(
@@ -491,26 +504,18 @@ fn fdb() -> Harness {
 mod fdb {
     use super::*;
     use kairos_layer::env::{Clock, SystemClock};
+    use kairos_layer::kv::KvDatabase;
+    use kairos_layer::kv::fdb::FdbDatabase;
 
     /// One fdb test at a time: they all use (and clear) the same keyspace.
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-    fn cluster_configured() -> bool {
-        if std::env::var_os("FDB_CLUSTER_FILE").is_none() {
-            eprintln!("skipped: FDB_CLUSTER_FILE not set");
-            return false;
-        }
-        true
-    }
 
     macro_rules! fdb_tests {
         ($($name:ident),*) => {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs FDB_CLUSTER_FILE pointing at a throwaway FoundationDB cluster"]
                 async fn $name() {
-                    if !cluster_configured() {
-                        return;
-                    }
                     let _serial = SERIAL.lock().await;
                     suite::$name(super::fdb()).await;
                 }
@@ -539,10 +544,8 @@ mod fdb {
     /// FoundationDB buffers writes client-side, so a `set` on a too-old transaction succeeds
     /// and only reads and the commit fail.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs FDB_CLUSTER_FILE pointing at a throwaway FoundationDB cluster"]
     async fn transaction_too_old_after_five_seconds() {
-        if !cluster_configured() {
-            return;
-        }
         let _serial = SERIAL.lock().await;
         let h = super::fdb();
         let db = &h.db;
@@ -558,5 +561,53 @@ mod fdb {
         assert_eq!(tx.commit().await.unwrap_err().code(), 1007);
         // The retry loop recovers: a fresh transaction has a fresh read version.
         db.run(|tx| async move { tx.set(b"a", b"3") }).await.unwrap();
+    }
+
+    /// `on_error` hands retryable errors to FoundationDB's own `on_error`, after a failed
+    /// commit and before one; FoundationDB's "not retryable" comes back as the error; Kairos-only
+    /// errors get `None` (the retry loop's own back-off); `close` ends a back-off.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs FDB_CLUSTER_FILE pointing at a throwaway FoundationDB cluster"]
+    async fn on_error_uses_foundationdb_back_off() {
+        let _serial = SERIAL.lock().await;
+        let h = super::fdb();
+        put(&h.db, &[("k", "0")]).await;
+        let raw = FdbDatabase::open(Some(&fdb_cluster_file())).expect("open fdb");
+
+        // A conflict at commit: the commit consumed the FDB transaction, its error keeps it.
+        let t1 = raw.begin().unwrap();
+        let t2 = raw.begin().unwrap();
+        t1.get(b"k", false).await.unwrap();
+        t2.get(b"k", false).await.unwrap();
+        t1.set(b"k", b"1").unwrap();
+        t2.set(b"k", b"2").unwrap();
+        t1.commit().await.unwrap();
+        let e = t2.commit().await.unwrap_err();
+        assert_eq!(e, Error::NotCommitted);
+        t2.on_error(&e).expect("FoundationDB backs off a conflict").await.unwrap();
+        // The transaction went to FoundationDB: nothing left to use or to ask.
+        let used = t2.get(b"k", false).await.unwrap_err();
+        assert_eq!(used, Error::TransactionCancelled("transaction used after on_error"));
+        assert!(t2.on_error(&e).is_none());
+
+        // Before any commit (a read failed, or the closure's own error): the open transaction.
+        let t3 = raw.begin().unwrap();
+        let too_old = Error::TransactionTooOld { window_ms: 5_000 };
+        t3.on_error(&too_old).expect("an open transaction").await.unwrap();
+
+        // Not retryable for FoundationDB: its verdict is the error to give up with.
+        let t4 = raw.begin().unwrap();
+        let e = t4.on_error(&Error::InvalidOperation("x".into())).unwrap().await.unwrap_err();
+        assert_eq!(e.code(), 2000, "{e}");
+
+        // Kairos-only conditions: FoundationDB has no back-off for them.
+        let t5 = raw.begin().unwrap();
+        assert!(t5.on_error(&Error::DatabaseClosed).is_none());
+        assert!(t5.on_error(&Error::Storage("x".into())).is_none());
+
+        // Closing the database ends a back-off at once.
+        raw.close().await;
+        let e = t5.on_error(&Error::NotCommitted).unwrap().await.unwrap_err();
+        assert_eq!(e, Error::DatabaseClosed);
     }
 }

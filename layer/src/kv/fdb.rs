@@ -13,29 +13,53 @@
 //!   as the local backends take their snapshot there; FoundationDB would otherwise fetch it
 //!   lazily at the first read or at commit.
 //! - **Use after commit** fails with `TransactionCancelled`, as on the local backends
-//!   (`foundationdb::Transaction::commit` consumes the transaction).
+//!   (`foundationdb::Transaction::commit` consumes the transaction); so does use after
+//!   `on_error`, which hands the transaction to FoundationDB's own `on_error`.
 //! - **`close`**: new transactions and commits fail with `DatabaseClosed` and pending watches
 //!   resolve with `DatabaseClosed` (FoundationDB has no notion of closing a database handle).
 //! - **Errors** are mapped from FoundationDB codes to [`Error`] (see [`fdb_error`]).
+//! - **Retries back off the FoundationDB way**: [`KvTransaction::on_error`] hands a retryable
+//!   error to FoundationDB's own `on_error` (its delays for `not_committed`,
+//!   `commit_unknown_result`, `transaction_too_old`, `future_version`, `process_behind`,
+//!   throttling...), so [`Database::run`] waits for it instead of its generic back-off.
 //!
 //! # Linking and the network thread
 //! Building with `--features fdb` links **`libfdb_c`** (the FoundationDB client library,
 //! package `foundationdb-clients` 7.3 or newer); `cargo check` only needs libclang (bindgen),
 //! linking and running need the library. The FoundationDB network thread is started the
-//! first time a database is opened and kept in a process-wide [`OnceLock`]: it is never
-//! stopped explicitly and ends when the process exits. FoundationDB allows selecting the API
-//! version once per process, so nothing else in the process may boot the `foundationdb` crate.
+//! first time a database is opened. FoundationDB allows selecting the API version once per
+//! process, so nothing else in the process may boot the `foundationdb` crate.
+//!
+//! **Stop the network before the process exits**: call [`shutdown_network`] once the process is
+//! done with FoundationDB, or keep a [`NetworkGuard`] in `main` (it calls it when dropped, on
+//! every way out, errors and panics included). A network thread still running while the
+//! process exits races libfdb_c's static destructors and can crash the process at exit.
+//!
+//! `shutdown_network` closes every database still open (new transactions, commits and reads
+//! fail with `DatabaseClosed`, pending watches resolve with it), then stops and joins the
+//! network thread. **It is final**: FoundationDB cannot start its network twice in a process,
+//! so [`FdbDatabase::open`] fails from then on (`network_cannot_be_restarted`, 2025). Call it
+//! after the work is drained: an FDB operation already in flight when the network stops never
+//! completes.
+//!
+//! As a safety net, booting the network also registers `shutdown_network` with the C
+//! library's `atexit`, so a process that exits normally without calling it (a test binary:
+//! libtest has no end-of-run hook) still stops the thread before those destructors. Prefer the
+//! explicit call all the same: it runs where the program chooses, after draining its work, not
+//! while other threads may still be using FoundationDB. (An abort or a kill runs neither, and
+//! needs neither: no destructor runs.)
 //!
 //! # Tests
-//! The KV conformance suite runs against FoundationDB when built with the feature and
-//! `FDB_CLUSTER_FILE` names a cluster file (otherwise each fdb test prints
-//! `skipped: FDB_CLUSTER_FILE not set` and passes). The tests **clear the whole normal
-//! keyspace** before each test, so point them at a throwaway cluster only:
+//! The fdb tests of the KV conformance suite (compiled with `--features fdb`) are `#[ignore]`d,
+//! so `cargo test` reports them as ignored, not passed (they need `libfdb_c` and a cluster). They **clear the whole normal keyspace**
+//! before each test, so point them at a throwaway cluster only, and run them with `--ignored`:
 //!
 //! ```text
 //! FDB_CLUSTER_FILE=/path/to/throwaway/fdb.cluster \
-//!     cargo test -p kairos-layer --features fdb --test conformance fdb::
+//!     cargo test -p kairos-layer --features fdb --test conformance -- --ignored
 //! ```
+//!
+//! Run that way without `FDB_CLUSTER_FILE`, they fail (they do not pass silently).
 //!
 //! # Differences from the local backends
 //! - Once a transaction is older than 5 s, FoundationDB fails its reads and its commit with
@@ -48,14 +72,18 @@
 //!   (FoundationDB's behaviour), where the local backends report `DatabaseClosed`.
 //! - When FoundationDB itself reports a key, value or transaction size error, it does not say
 //!   the size: `size` is then this adapter's running count (transaction) or 0 (key, value).
+//! - FoundationDB grows its conflict back-off per transaction object, across the resets its
+//!   `on_error` does. [`Database::run`] begins a new transaction for each retry, so each
+//!   `on_error` waits FoundationDB's *initial* (jittered) delay for the error rather than a
+//!   growing one; the loop stays bounded by `RunOptions::retry_limit` and `deadline`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
 use foundationdb::api::{FdbApiBuilder, NetworkAutoStop};
 use foundationdb::options::{ConflictRangeType, MutationType, StreamingMode};
-use foundationdb::{FdbError, KeySelector};
+use foundationdb::{FdbError, FdbResult, KeySelector, TransactionCommitError};
 
 use super::error::{Error, Result};
 use super::limits::{
@@ -68,20 +96,144 @@ use super::{
 };
 use crate::env::{BoxFuture, Rng, SharedClock};
 
-/// The FoundationDB network: booted once per process, never dropped (the network thread ends
-/// with the process). Holds the boot error if the client library refused to start.
-static NETWORK: OnceLock<std::result::Result<NetworkAutoStop, FdbError>> = OnceLock::new();
+/// The FoundationDB network of this process. FoundationDB can select its API version and
+/// start its network once per process, so the states only move forward: `NotBooted` to
+/// `Running` or `Failed` (first open), `NotBooted` or `Running` to `Stopped` (shutdown).
+enum Network {
+    /// No database opened yet.
+    NotBooted,
+    /// The network thread runs. `stop` stops and joins it when dropped; `databases` are the
+    /// handles opened on it, so `shutdown_network` can close those still alive.
+    Running { stop: NetworkAutoStop, databases: Vec<Weak<Shared>> },
+    /// The client library refused to start; it cannot be asked again.
+    Failed(FdbError),
+    /// `shutdown_network` ran: the network cannot be restarted in this process.
+    Stopped,
+}
 
-/// Boots the FoundationDB network thread if it is not running yet.
-fn network() -> Result<()> {
-    let booted = NETWORK.get_or_init(|| {
-        let builder = FdbApiBuilder::default().build()?;
-        // SAFETY: `boot` is unsafe because the returned guard should be dropped (stopping the
-        // network) before the process exits. The guard lives in a static and is never
-        // dropped: the network thread runs for the life of the process and ends with it.
-        unsafe { builder.boot() }
-    });
-    booted.as_ref().map(|_| ()).map_err(|e| fdb_error(*e))
+static NETWORK: Mutex<Network> = Mutex::new(Network::NotBooted);
+
+/// Set (for good) by `shutdown_network`, before it stops the network: operations on
+/// transactions still alive then fail with `DatabaseClosed` instead of waiting forever for a
+/// network thread that is gone.
+static NETWORK_STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// FoundationDB's `network_cannot_be_restarted`.
+const NETWORK_CANNOT_BE_RESTARTED: i32 = 2025;
+
+fn lock_network() -> MutexGuard<'static, Network> {
+    // A panic while holding the lock leaves a consistent state (each transition is one
+    // assignment), so a poisoned lock is still usable.
+    NETWORK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Network {
+    /// The running network's list of databases, booting the network on first use.
+    fn running(&mut self) -> Result<&mut Vec<Weak<Shared>>> {
+        if let Network::NotBooted = self {
+            *self = match boot() {
+                Ok(stop) => {
+                    // SAFETY: `atexit` only records the pointer of a plain `extern "C"` function
+                    // that takes no argument and lets no panic unwind out of it. Registered
+                    // after libfdb_c was loaded, so it runs before the library's destructors.
+                    // Failing to register (out of slots) leaves the explicit call as the way.
+                    let _ = unsafe { atexit(shutdown_network_at_exit) };
+                    Network::Running { stop, databases: Vec::new() }
+                }
+                Err(e) => Network::Failed(e),
+            };
+        }
+        match self {
+            Network::Running { databases, .. } => Ok(databases),
+            Network::Failed(e) => Err(fdb_error(*e)),
+            // (`NotBooted` cannot be left here: it was replaced above.)
+            Network::Stopped | Network::NotBooted => Err(Error::Other {
+                code: NETWORK_CANNOT_BE_RESTARTED,
+                message: "network_cannot_be_restarted: the FoundationDB network was stopped \
+                          (fdb::shutdown_network) and cannot be started again in this process"
+                    .into(),
+                retryable: false,
+                maybe_committed: false,
+            }),
+        }
+    }
+}
+
+/// Selects the API version and starts the network thread.
+fn boot() -> FdbResult<NetworkAutoStop> {
+    let builder = FdbApiBuilder::default().build()?;
+    // SAFETY: `boot` is unsafe because the returned guard must be dropped (stopping and
+    // joining the network thread) before the process exits; an abort needs nothing. It is
+    // kept in `NETWORK` and dropped by `shutdown_network`: called by the program (the
+    // `kairos` binary holds a `NetworkGuard`) or, failing that, by the `atexit` handler
+    // `running` registers right after this boot.
+    unsafe { builder.boot() }
+}
+
+/// Stops the FoundationDB network thread for good; call it once the process is done with
+/// FoundationDB, before it exits (or keep a [`NetworkGuard`]).
+///
+/// Closes every [`FdbDatabase`] still open (see [`KvDatabase::close`]; operations on their
+/// remaining transactions fail with `DatabaseClosed` too), then stops the network thread and
+/// waits for it to end. Afterwards [`FdbDatabase::open`] fails: FoundationDB cannot restart its
+/// network in a process. FDB operations already in flight never complete, so drain the work
+/// first. Idempotent; a no-op apart from refusing later opens if FoundationDB was never
+/// booted. Blocks for as long as the network thread takes to wind down (it does not wait
+/// for the cluster); do not call it from a FoundationDB callback.
+pub fn shutdown_network() {
+    let mut network = lock_network();
+    match std::mem::replace(&mut *network, Network::Stopped) {
+        Network::Running { stop, databases } => {
+            NETWORK_STOPPED.store(true, Ordering::Release);
+            for shared in databases.iter().filter_map(Weak::upgrade) {
+                shared.close();
+            }
+            // `NetworkAutoStop::drop`: `fdb_stop_network`, then joins the network thread. The
+            // lock stays held, so a concurrent `open` waits and then sees `Stopped`.
+            drop(stop);
+        }
+        // The boot error stays the answer to later opens.
+        failed @ Network::Failed(_) => *network = failed,
+        Network::NotBooted | Network::Stopped => {}
+    }
+}
+
+unsafe extern "C" {
+    /// The C library's `atexit` (C99): `exit` runs the registered functions in reverse order
+    /// of registration, interleaved with C++ static destructors (`__cxa_atexit`), and before
+    /// the destructors of shared libraries loaded earlier.
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// The safety net for processes that never call [`shutdown_network`]: registered with
+/// `atexit` when the network boots, so `exit` (return from `main`, `std::process::exit`,
+/// the end of a test binary) stops the network thread before libfdb_c's static destructors
+/// run. A no-op when the program already stopped it.
+extern "C" fn shutdown_network_at_exit() {
+    // A panic must not unwind into the C library (it would abort anyway).
+    let _ = std::panic::catch_unwind(shutdown_network);
+}
+
+/// Calls [`shutdown_network`] when dropped. Keep one alive in `main` (or whatever owns the
+/// program's lifetime), declared before any database is opened, so the network thread is
+/// stopped on every way out: normal return, early error return, or panic.
+#[must_use = "the network is stopped when the guard is dropped"]
+#[derive(Debug, Default)]
+pub struct NetworkGuard {
+    _private: (),
+}
+
+impl NetworkGuard {
+    /// A guard; creating it does not boot anything.
+    pub fn new() -> Self {
+        NetworkGuard::default()
+    }
+}
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        shutdown_network();
+    }
 }
 
 /// Maps a FoundationDB error to the KV layer's [`Error`] (same codes; sizes FoundationDB does
@@ -109,13 +261,24 @@ pub fn fdb_error(e: FdbError) -> Error {
 }
 
 const USED_AFTER_COMMIT: &str = "transaction used after commit";
+const USED_AFTER_ON_ERROR: &str = "transaction used after on_error";
+
+/// Codes from here on are Kairos's own (see [`super::error`]); FoundationDB knows none.
+const KAIROS_CODES_FROM: i32 = 9000;
 
 struct Shared {
     db: foundationdb::Database,
     cluster_file: Option<String>,
     closed: AtomicBool,
-    /// Flips to `true` on `close`; pending watches listen to it.
+    /// Flips to `true` on `close`; pending watches and `on_error` back-offs listen to it.
     close_signal: tokio::sync::watch::Sender<bool>,
+}
+
+impl Shared {
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.close_signal.send_replace(true);
+    }
 }
 
 /// The FoundationDB backend. Clone it to share one database handle.
@@ -138,17 +301,21 @@ impl FdbDatabase {
         if cluster_file.is_some_and(|p| p.contains('\0')) {
             return Err(Error::InvalidOperation("cluster file path contains a NUL byte".into()));
         }
-        network()?;
+        // Held until the database is registered, so `shutdown_network` cannot stop the
+        // network between the check and the registration (and miss closing this database).
+        let mut network = lock_network();
+        let databases = network.running()?;
         let db = foundationdb::Database::new(cluster_file).map_err(fdb_error)?;
         let (close_signal, _) = tokio::sync::watch::channel(false);
-        Ok(FdbDatabase {
-            shared: Arc::new(Shared {
-                db,
-                cluster_file: cluster_file.map(str::to_owned),
-                closed: AtomicBool::new(false),
-                close_signal,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            db,
+            cluster_file: cluster_file.map(str::to_owned),
+            closed: AtomicBool::new(false),
+            close_signal,
+        });
+        databases.retain(|w| w.strong_count() > 0);
+        databases.push(Arc::downgrade(&shared));
+        Ok(FdbDatabase { shared })
     }
 
     /// Opens the database of `cluster_file` and wraps it in a [`Database`] handle; `clock`
@@ -182,6 +349,8 @@ impl KvDatabase for FdbDatabase {
             state: Mutex::new(State {
                 read_version: Some(read_version),
                 trx: Some(trx),
+                failed_commit: None,
+                retried: false,
                 size_bytes: 0,
                 wrote: false,
             }),
@@ -194,18 +363,20 @@ impl KvDatabase for FdbDatabase {
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.shared.closed.store(true, Ordering::Release);
-            self.shared.close_signal.send_replace(true);
-        })
+        Box::pin(async move { self.shared.close() })
     }
 }
 
 struct State {
     /// The read version requested at `begin` (dropped before the transaction).
     read_version: Option<BoxFuture<'static, std::result::Result<i64, FdbError>>>,
-    /// `None` once committed.
+    /// `None` once committed (or handed to `on_error`).
     trx: Option<foundationdb::Transaction>,
+    /// A failed commit, which holds the transaction `commit` consumed: `on_error` needs it
+    /// for FoundationDB's back-off.
+    failed_commit: Option<TransactionCommitError>,
+    /// Whether `on_error` took the transaction (for the use-after error's message).
+    retried: bool,
     /// Mutations and conflict ranges so far, counted as the local backends count them.
     size_bytes: usize,
     /// Whether any mutation was issued (a versionstamp is then requested at commit).
@@ -233,9 +404,14 @@ impl FdbTransaction {
         write: bool,
         f: impl FnOnce(&foundationdb::Transaction) -> T,
     ) -> Result<T> {
+        if NETWORK_STOPPED.load(Ordering::Acquire) {
+            // The network thread is gone: an FDB call would never complete.
+            return Err(Error::DatabaseClosed);
+        }
         let mut st = self.lock();
-        let State { trx, size_bytes, wrote, .. } = &mut *st;
-        let trx = trx.as_ref().ok_or(Error::TransactionCancelled(USED_AFTER_COMMIT))?;
+        let State { trx, size_bytes, wrote, retried, .. } = &mut *st;
+        let used_after = if *retried { USED_AFTER_ON_ERROR } else { USED_AFTER_COMMIT };
+        let trx = trx.as_ref().ok_or(Error::TransactionCancelled(used_after))?;
         let size = *size_bytes + grow;
         if size > TRANSACTION_BYTES_MAX {
             return Err(Error::TransactionTooLarge { size, limit: TRANSACTION_BYTES_MAX });
@@ -435,12 +611,20 @@ impl KvTransaction for FdbTransaction {
             }
             // Must be requested before the commit; resolves once the commit succeeds.
             let stamp = wrote.then(|| trx.get_versionstamp());
-            let committed = trx.commit().await.map_err(|e| match fdb_error(*e) {
-                Error::TransactionTooLarge { limit, .. } => {
-                    Error::TransactionTooLarge { size, limit }
+            let committed = match trx.commit().await {
+                Ok(committed) => committed,
+                Err(failed) => {
+                    let e = match fdb_error(*failed) {
+                        Error::TransactionTooLarge { limit, .. } => {
+                            Error::TransactionTooLarge { size, limit }
+                        }
+                        other => other,
+                    };
+                    // Keep the consumed transaction with its error for `on_error`.
+                    self.lock().failed_commit = Some(failed);
+                    return Err(e);
                 }
-                other => other,
-            })?;
+            };
             let version = committed.committed_version().map_err(fdb_error)?;
             // -1: nothing was written (read-only), so no version and no versionstamp.
             let Ok(version) = u64::try_from(version) else {
@@ -462,5 +646,55 @@ impl KvTransaction for FdbTransaction {
             drop(committed);
             Ok(CommitInfo { version: Some(version), versionstamp })
         })
+    }
+
+    /// FoundationDB's `on_error` on this transaction: its back-off for `error` (or its verdict
+    /// that `error` is not retryable, returned as the error to give up with).
+    ///
+    /// `None` (the retry loop's own back-off) for Kairos-only errors (codes from 9000) and
+    /// when there is no FoundationDB transaction left to ask (committed successfully, or
+    /// already handed to `on_error`). Takes the transaction: using this one afterwards fails
+    /// with `TransactionCancelled`; the caller retries with a new one.
+    fn on_error<'a>(&'a self, error: &'a Error) -> Option<BoxFuture<'a, Result<()>>> {
+        let code = error.code();
+        if code >= KAIROS_CODES_FROM {
+            return None;
+        }
+        // `FdbError` is nothing but its code and `fdb_error` keeps codes, so this is exactly
+        // the error FoundationDB reported when `error` came from this transaction.
+        let fdb_err = FdbError::from_code(code);
+        let backoff: BoxFuture<'static, FdbResult<foundationdb::Transaction>> = {
+            let mut st = self.lock();
+            // The pending read-version request goes before its transaction.
+            st.read_version = None;
+            if let Some(trx) = st.trx.take() {
+                // Failed before the commit (a read, or the closure's own error).
+                st.retried = true;
+                Box::pin(trx.on_error(fdb_err))
+            } else if let Some(failed) = st.failed_commit.take() {
+                st.retried = true;
+                if failed.code() == code {
+                    // The commit's own error: FoundationDB's intended path.
+                    Box::pin(failed.on_error())
+                } else {
+                    // The loop is handling another error than the commit's (the closure
+                    // committed itself and then failed otherwise): back off for that one.
+                    Box::pin(failed.reset().on_error(fdb_err))
+                }
+            } else {
+                return None;
+            }
+        };
+        let mut closed = self.shared.close_signal.subscribe();
+        Some(Box::pin(async move {
+            tokio::select! {
+                biased;
+                // Closing the database ends the wait: the retry would fail anyway.
+                Ok(_) = closed.wait_for(|closed| *closed) => Err(Error::DatabaseClosed),
+                // `Ok` carries the reset transaction; the retry loop begins a new one, so it
+                // is dropped. `Err` is FoundationDB's "not retryable" (usually `error` again).
+                r = backoff => r.map(drop).map_err(fdb_error),
+            }
+        }))
     }
 }

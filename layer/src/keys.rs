@@ -6,13 +6,13 @@
 //!
 //! | tag | subspace | key (after the root) | value |
 //! |---|---|---|---|
-//! | 1 | cluster | `(1, "config")` | `ClusterConfig` (shard count, bucket width: fixed at creation) |
+//! | 1 | cluster | `(1, "config")` | `ClusterConfig` (shard count, bucket width, ready partitions: fixed at creation) |
 //! | 2 | execution | `(2, ns, execution_id)` | `Execution` |
-//! | 3 | attempt | `(3, ns, execution_id, attempt_no)` | `Attempt` |
+//! | 3 | attempt | `(3, ns, execution_id, attempt_no)` | `Attempt` (written when the attempt ends; the running one lives on the execution) |
 //! | 4 | idempotency | `(4, ns, idempotency_key)` | `IdempotencyRecord` (execution id + request fingerprint) |
 //! | 5 | timer | `(5, bucket, shard, fire_at_ms, execution_id, kind)` | `TimerEntry` |
-//! | 6 | ready | `(6, ns, queue, ready_at_ms, execution_id)` | empty |
-//! | 7 | shard lease | `(7, shard)` | `ShardLease` (owner, epoch, expires_at) |
+//! | 6 | *retired* | ready queue without partitions (format 1) | |
+//! | 7 | *retired* | shard lease with owner and expiry in one key (format 1) | |
 //! | 8 | watermark | `(8, shard)` | i64 bucket, big-endian: lowest bucket that may hold timers |
 //! | 9 | node | `(9, node_id)` | `Node` |
 //! | 10 | cron job | `(10, ns, cron_job_id)` | Cron Job (reserved for the cron service) |
@@ -21,9 +21,18 @@
 //! | 13 | by status | `(13, ns, status, execute_at_ms, execution_id)` | empty (index) |
 //! | 14 | by definition | `(14, ns, definition_name, execute_at_ms, execution_id)` | empty (index) |
 //! | 15 | by time | `(15, ns, execute_at_ms, execution_id)` | empty (index) |
-//! | 16 | ready signal | `(16, ns, queue)` | i64 counter (little-endian), bumped when work becomes ready; dispatchers watch it |
-//! | 17 | claim receipt | `(17, ns, worker_id, claimed_at_ms, claim_id)` | (execution id, fencing token) pairs of one claim, so a claim retried after an unknown commit result returns what it took; kept 60 s |
-//! | 18 | status count | `(18, ns, status)` | i64 little-endian counter of executions in that status, kept by atomic adds |
+//! | 16–18 | *retired* | ready signal, claim receipt, status count without partitions (format 1) | |
+//! | 19 | partition owner | `(19, space, partition)` | `PartitionOwner` (owner, epoch): read with a conflict by every fenced write |
+//! | 20 | partition expiry | `(20, space, partition)` | `PartitionExpiry` (owner, epoch, expires_at): only renewals write it |
+//! | 21 | ready | `(21, ns, queue, partition, ready_at_ms, execution_id)` | empty |
+//! | 22 | ready signal | `(22, ns, queue, partition)` | i64 little-endian counter, bumped when work becomes ready; dispatchers watch it |
+//! | 23 | claim receipt | `(23, claimed_at_ms, claim_id)` | namespace and the (execution id, fencing token, slot) triples of one claim, so a claim retried after an unknown commit result returns what it took; kept 60 s |
+//! | 24 | status count | `(24, ns, status, partition)` | i64 little-endian counter of executions in that status, kept by atomic adds |
+//! | 25 | quarantine | `(25, space, partition, at_ms, key)` | `QuarantineRecord`: a record that could not be processed, kept for operators |
+//!
+//! `partition` of the ready queue and the status counts is `shard mod ready_partitions`: no key
+//! or range is written by every node, while a claimer reads only a few heads. Leased
+//! partitions (tags 19–20) are numbered per *space* ([`Space`]): execution shards, cron shards.
 //!
 //! `bucket = floor(fire_at_ms / bucket_width_ms)`, `shard = fnv1a64(execution_id) mod
 //! shard_count` ([`crate::ids`]). The timer key order `(bucket, shard, fire_at)` lets a shard
@@ -47,10 +56,8 @@ pub enum Tag {
     Idempotency = 4,
     /// The timer index.
     Timer = 5,
-    /// Ready queues.
-    Ready = 6,
-    /// Shard ownership leases.
-    ShardLease = 7,
+    // 6: retired (format 1 ready queue).
+    // 7: retired (format 1 shard lease).
     /// Per-shard timer watermarks.
     Watermark = 8,
     /// Node records.
@@ -67,24 +74,33 @@ pub enum Tag {
     ByDefinition = 14,
     /// Executions by execute_at.
     ByTime = 15,
-    /// Ready-work counters.
-    ReadySignal = 16,
+    // 16: retired (format 1 ready signal).
+    // 17: retired (format 1 claim receipt).
+    // 18: retired (format 1 status count).
+    /// Owner and epoch of a leased partition.
+    PartitionOwner = 19,
+    /// Expiry of a leased partition's lease.
+    PartitionExpiry = 20,
+    /// Ready queues, partitioned.
+    Ready = 21,
+    /// Ready-work counters, partitioned.
+    ReadySignal = 22,
     /// Claim receipts.
-    ClaimReceipt = 17,
-    /// Executions per status.
-    StatusCount = 18,
+    ClaimReceipt = 23,
+    /// Executions per status, partitioned.
+    StatusCount = 24,
+    /// Records quarantined as unprocessable.
+    Quarantine = 25,
 }
 
 impl Tag {
-    /// Every tag, in value order.
-    pub const ALL: [Tag; 18] = [
+    /// Every tag in use, in value order.
+    pub const ALL: [Tag; 20] = [
         Tag::Cluster,
         Tag::Execution,
         Tag::Attempt,
         Tag::Idempotency,
         Tag::Timer,
-        Tag::Ready,
-        Tag::ShardLease,
         Tag::Watermark,
         Tag::Node,
         Tag::CronJob,
@@ -93,10 +109,44 @@ impl Tag {
         Tag::ByStatus,
         Tag::ByDefinition,
         Tag::ByTime,
+        Tag::PartitionOwner,
+        Tag::PartitionExpiry,
+        Tag::Ready,
         Tag::ReadySignal,
         Tag::ClaimReceipt,
         Tag::StatusCount,
+        Tag::Quarantine,
     ];
+    /// Retired tag values: never to be used again.
+    pub const RETIRED: [i64; 5] = [6, 7, 16, 17, 18];
+}
+
+/// A space of leased partitions: each has its own numbering, leases and owners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(i64)]
+pub enum Space {
+    /// Execution shards: timers, firing, lease checks.
+    Executions = 1,
+    /// Cron shards: cron timers and materialization.
+    Cron = 2,
+}
+
+impl Space {
+    /// Every space, in value order.
+    pub const ALL: [Space; 2] = [Space::Executions, Space::Cron];
+
+    /// A short name (metrics, logs, the admin API).
+    pub fn name(self) -> &'static str {
+        match self {
+            Space::Executions => "executions",
+            Space::Cron => "cron",
+        }
+    }
+
+    /// The space with this number.
+    pub fn from_i64(v: i64) -> Option<Space> {
+        Space::ALL.into_iter().find(|s| *s as i64 == v)
+    }
 }
 
 /// A decoded timer key.
@@ -121,6 +171,8 @@ pub struct ReadyKey {
     pub namespace: String,
     /// Queue.
     pub queue: String,
+    /// Ready partition (`shard mod ready_partitions`).
+    pub partition: u32,
     /// When it became ready.
     pub ready_at_ms: i64,
     /// The execution.
@@ -224,30 +276,36 @@ impl Keyspace {
     pub fn ready(&self, r: &ReadyKey) -> Vec<u8> {
         self.key(
             Tag::Ready,
-            (r.namespace.as_str(), r.queue.as_str(), r.ready_at_ms, r.execution_id.as_str()),
+            (
+                r.namespace.as_str(),
+                r.queue.as_str(),
+                r.partition,
+                r.ready_at_ms,
+                r.execution_id.as_str(),
+            ),
         )
     }
 
-    /// A ready queue, oldest first.
-    pub fn ready_queue(&self, ns: &str, queue: &str) -> RangeOption {
-        self.prefix(Tag::Ready, (ns, queue))
+    /// One partition of a ready queue, oldest first.
+    pub fn ready_queue(&self, ns: &str, queue: &str, partition: u32) -> RangeOption {
+        self.prefix(Tag::Ready, (ns, queue, partition))
     }
 
     /// Decodes a ready key.
     pub fn parse_ready(&self, key: &[u8]) -> Result<ReadyKey, KeyError> {
-        let (namespace, queue, ready_at_ms, execution_id) =
-            self.unpack::<(String, String, i64, String)>(Tag::Ready, key)?;
-        Ok(ReadyKey { namespace, queue, ready_at_ms, execution_id })
+        let (namespace, queue, partition, ready_at_ms, execution_id) =
+            self.unpack::<(String, String, u32, i64, String)>(Tag::Ready, key)?;
+        Ok(ReadyKey { namespace, queue, partition, ready_at_ms, execution_id })
     }
 
-    /// The ready-work counter of a queue.
-    pub fn ready_signal(&self, ns: &str, queue: &str) -> Vec<u8> {
-        self.key(Tag::ReadySignal, (ns, queue))
+    /// The ready-work counter of one partition of a queue.
+    pub fn ready_signal(&self, ns: &str, queue: &str, partition: u32) -> Vec<u8> {
+        self.key(Tag::ReadySignal, (ns, queue, partition))
     }
 
-    /// The count of executions in `status`.
-    pub fn status_count(&self, ns: &str, status: i32) -> Vec<u8> {
-        self.key(Tag::StatusCount, (ns, status))
+    /// The count of executions in `status` of one partition.
+    pub fn status_count(&self, ns: &str, status: i32, partition: u32) -> Vec<u8> {
+        self.key(Tag::StatusCount, (ns, status, partition))
     }
 
     /// Every status count of a namespace.
@@ -255,8 +313,8 @@ impl Keyspace {
         self.prefix(Tag::StatusCount, ns)
     }
 
-    /// Decodes a status count key into `(ns, status)`.
-    pub fn parse_status_count(&self, key: &[u8]) -> Result<(String, i32), KeyError> {
+    /// Decodes a status count key into `(ns, status, partition)`.
+    pub fn parse_status_count(&self, key: &[u8]) -> Result<(String, i32, u32), KeyError> {
         self.unpack(Tag::StatusCount, key)
     }
 
@@ -275,30 +333,54 @@ impl Keyspace {
     }
 
     /// A claim receipt.
-    pub fn claim_receipt(
-        &self,
-        ns: &str,
-        worker_id: &str,
-        claimed_at_ms: i64,
-        claim_id: u64,
-    ) -> Vec<u8> {
-        self.key(Tag::ClaimReceipt, (ns, worker_id, claimed_at_ms, claim_id))
+    pub fn claim_receipt(&self, claimed_at_ms: i64, claim_id: u64) -> Vec<u8> {
+        self.key(Tag::ClaimReceipt, (claimed_at_ms, claim_id))
     }
 
-    /// A worker's claim receipts older than `before_ms`.
-    pub fn claim_receipts_before(&self, ns: &str, worker_id: &str, before_ms: i64) -> RangeOption {
-        let all = self.prefix(Tag::ClaimReceipt, (ns, worker_id));
-        RangeOption::new(all.begin, self.key(Tag::ClaimReceipt, (ns, worker_id, before_ms)))
+    /// Claim receipts older than `before_ms` (any claimer clears them).
+    pub fn claim_receipts_before(&self, before_ms: i64) -> RangeOption {
+        let all = self.subspace_range(Tag::ClaimReceipt);
+        RangeOption::new(all.begin, self.key(Tag::ClaimReceipt, before_ms))
     }
 
-    /// A shard's lease.
-    pub fn shard_lease(&self, shard: u32) -> Vec<u8> {
-        self.key(Tag::ShardLease, shard)
+    /// The owner and epoch of a leased partition.
+    pub fn partition_owner(&self, space: Space, partition: u32) -> Vec<u8> {
+        self.key(Tag::PartitionOwner, (space as i64, partition))
     }
 
-    /// All shard leases.
-    pub fn shard_leases(&self) -> RangeOption {
-        self.subspace_range(Tag::ShardLease)
+    /// The lease expiry of a leased partition.
+    pub fn partition_expiry(&self, space: Space, partition: u32) -> Vec<u8> {
+        self.key(Tag::PartitionExpiry, (space as i64, partition))
+    }
+
+    /// Every partition owner of a space.
+    pub fn partition_owners(&self, space: Space) -> RangeOption {
+        self.prefix(Tag::PartitionOwner, space as i64)
+    }
+
+    /// Every partition expiry of a space.
+    pub fn partition_expiries(&self, space: Space) -> RangeOption {
+        self.prefix(Tag::PartitionExpiry, space as i64)
+    }
+
+    /// Decodes a partition owner or expiry key into `(space, partition)`.
+    pub fn parse_partition(&self, tag: Tag, key: &[u8]) -> Result<(Space, u32), KeyError> {
+        let (space, partition) = self.unpack::<(i64, u32)>(tag, key)?;
+        let space = Space::from_i64(space).ok_or_else(|| KeyError {
+            subspace: tag_name(tag),
+            reason: format!("unknown space {space}"),
+        })?;
+        Ok((space, partition))
+    }
+
+    /// A quarantined record of `(space, partition)`, put aside at `at_ms`.
+    pub fn quarantine(&self, space: Space, partition: u32, at_ms: i64, key: &[u8]) -> Vec<u8> {
+        self.key(Tag::Quarantine, (space as i64, partition, at_ms, key))
+    }
+
+    /// Every quarantined record.
+    pub fn quarantined(&self) -> RangeOption {
+        self.subspace_range(Tag::Quarantine)
     }
 
     /// A shard's watermark.
@@ -398,8 +480,6 @@ fn tag_name(tag: Tag) -> &'static str {
         Tag::Attempt => "attempt",
         Tag::Idempotency => "idempotency",
         Tag::Timer => "timer",
-        Tag::Ready => "ready",
-        Tag::ShardLease => "shard lease",
         Tag::Watermark => "watermark",
         Tag::Node => "node",
         Tag::CronJob => "cron job",
@@ -408,9 +488,13 @@ fn tag_name(tag: Tag) -> &'static str {
         Tag::ByStatus => "by status",
         Tag::ByDefinition => "by definition",
         Tag::ByTime => "by time",
+        Tag::PartitionOwner => "partition owner",
+        Tag::PartitionExpiry => "partition expiry",
+        Tag::Ready => "ready",
         Tag::ReadySignal => "ready signal",
         Tag::ClaimReceipt => "claim receipt",
         Tag::StatusCount => "status count",
+        Tag::Quarantine => "quarantine",
     }
 }
 
@@ -430,9 +514,11 @@ mod tests {
         for w in ranges.windows(2) {
             assert!(w[0].end <= w[1].begin, "tag ranges overlap: {w:?}");
         }
-        for (i, t) in Tag::ALL.iter().enumerate() {
-            assert_eq!(*t as i64, i as i64 + 1, "tags are dense and never reordered");
-        }
+        let mut values: Vec<i64> = Tag::ALL.iter().map(|t| *t as i64).collect();
+        values.extend(Tag::RETIRED);
+        values.sort_unstable();
+        let expected: Vec<i64> = (1..=values.len() as i64).collect();
+        assert_eq!(values, expected, "tags in use and retired ones cover 1..=n, never reused");
         // Every key builder lands inside its own subspace.
         let timer = TimerKey {
             bucket: 5,
@@ -447,16 +533,18 @@ mod tests {
             (Tag::Attempt, ks.attempt("ns", "E", 2)),
             (Tag::Idempotency, ks.idempotency("ns", "k")),
             (Tag::Timer, ks.timer(&timer)),
-            (Tag::ShardLease, ks.shard_lease(3)),
+            (Tag::PartitionOwner, ks.partition_owner(Space::Executions, 3)),
+            (Tag::PartitionExpiry, ks.partition_expiry(Space::Cron, 3)),
+            (Tag::Quarantine, ks.quarantine(Space::Executions, 1, 5, b"k")),
             (Tag::Watermark, ks.watermark(3)),
             (Tag::Node, ks.node("n1")),
             (Tag::Definition, ks.definition("ns", "d", 1)),
             (Tag::ByStatus, ks.by_status("ns", 1, 5, "E")),
             (Tag::ByDefinition, ks.by_definition("ns", "d", 5, "E")),
             (Tag::ByTime, ks.by_time("ns", 5, "E")),
-            (Tag::ReadySignal, ks.ready_signal("ns", "q")),
-            (Tag::ClaimReceipt, ks.claim_receipt("ns", "w", 5, 9)),
-            (Tag::StatusCount, ks.status_count("ns", 3)),
+            (Tag::ReadySignal, ks.ready_signal("ns", "q", 1)),
+            (Tag::ClaimReceipt, ks.claim_receipt(5, 9)),
+            (Tag::StatusCount, ks.status_count("ns", 3, 1)),
         ];
         for (tag, key) in samples {
             let r = ks.subspace_range(tag);
@@ -513,6 +601,7 @@ mod tests {
         let r = ReadyKey {
             namespace: "ns".into(),
             queue: "q".into(),
+            partition: 3,
             ready_at_ms: 42,
             execution_id: "E1".into(),
         };
@@ -527,13 +616,19 @@ mod tests {
             ("ns".into(), "d".into(), 4)
         );
         assert!(ks.parse_timer(&ks.execution("ns", "E")).is_err(), "foreign key rejected");
-        let q = ks.ready_queue("ns", "q");
+        let q = ks.ready_queue("ns", "q", 3);
         assert!(q.begin <= ks.ready(&r) && ks.ready(&r) < q.end);
-        let q2 = ks.ready_queue("ns", "q2");
+        let other_partition = ks.ready(&ReadyKey { partition: 4, ..r.clone() });
+        assert!(!(q.begin <= other_partition && other_partition < q.end));
+        let q2 = ks.ready_queue("ns", "q2", 3);
         assert!(
             !(q.begin <= ks.ready(&ReadyKey { queue: "q2".into(), ..r.clone() })
                 && ks.ready(&ReadyKey { queue: "q2".into(), ..r.clone() }) < q.end)
         );
         assert!(q2.begin >= q.end || q2.end <= q.begin, "queue prefixes do not nest");
+        let owner = ks.partition_owner(Space::Cron, 7);
+        assert_eq!(ks.parse_partition(Tag::PartitionOwner, &owner).unwrap(), (Space::Cron, 7));
+        let (_, status, partition) = ks.parse_status_count(&ks.status_count("ns", 5, 2)).unwrap();
+        assert_eq!((status, partition), (5, 2));
     }
 }

@@ -4,13 +4,19 @@
 //! Execution: SCHEDULED --Fire--> READY --Claim--> RUNNING --Succeed--> SUCCEEDED
 //!                                                 RUNNING --Retry--> RETRY_WAIT --RetryDue--> READY
 //!                                                 RUNNING --Fail--> FAILED --Replay--> READY
-//!            SCHEDULED | READY | RETRY_WAIT --Cancel--> CANCELLED
-//! Attempt:   RUNNING --Succeed | Fail | TimeOut | Abandon--> SUCCEEDED | FAILED | TIMED_OUT | ABANDONED
+//!                                                 RUNNING --Release--> READY
+//!            SCHEDULED | READY | RETRY_WAIT | RUNNING --Cancel--> CANCELLED
+//! Attempt:   RUNNING --Succeed | Fail | TimeOut | Abandon | Cancel-->
+//!                      SUCCEEDED | FAILED | TIMED_OUT | ABANDONED | CANCELLED
 //! ```
 //! Invariants: SUCCEEDED and CANCELLED are final; FAILED leaves only by Replay (a new Attempt of
 //! the same Execution); only the scheduler moves SCHEDULED → READY; RUNNING is entered only by
-//! a claim, which creates an Attempt with a new fencing token. Each function is one exhaustive
-//! `match` with no wildcard arm, so adding a state or event forces a decision here.
+//! a claim, which creates an Attempt with a new fencing token. RUNNING → CANCELLED happens only
+//! when the running attempt ends after a client asked for cancellation (the operations check
+//! that; the machine only allows the edge), and such an execution is never retried. RUNNING →
+//! READY (Release) gives back an attempt that never reached a handler; it does not count
+//! against the retry budget. Each function is one exhaustive `match` with no wildcard arm, so
+//! adding a state or event forces a decision here.
 
 use kairos_proto::storage::v1::{AttemptStatus, ExecutionStatus};
 
@@ -34,6 +40,8 @@ pub enum ExecutionEvent {
     Cancel,
     /// An operator replays a failed Execution.
     Replay,
+    /// The running attempt is given back unstarted (it never reached a handler).
+    Release,
 }
 
 /// Something that happens to an Attempt.
@@ -45,8 +53,10 @@ pub enum AttemptEvent {
     Fail,
     /// Its lease expired without a heartbeat.
     TimeOut,
-    /// It was given up without a result (e.g. its execution was cancelled or replaced).
+    /// It was given up without a result (never reached a handler, or released by its worker).
     Abandon,
+    /// Its execution was cancelled while it ran.
+    Cancel,
 }
 
 /// An event not allowed in a state.
@@ -76,13 +86,23 @@ pub fn execution_transition(
         (S::Running, E::Succeed) => Ok(S::Succeeded),
         (S::Running, E::Retry) => Ok(S::RetryWait),
         (S::Running, E::Fail) => Ok(S::Failed),
+        (S::Running, E::Release) => Ok(S::Ready),
         (S::RetryWait, E::RetryDue) => Ok(S::Ready),
-        (S::Scheduled | S::Ready | S::RetryWait, E::Cancel) => Ok(S::Cancelled),
+        (S::Scheduled | S::Ready | S::RetryWait | S::Running, E::Cancel) => Ok(S::Cancelled),
         (S::Failed, E::Replay) => Ok(S::Ready),
-        (S::Scheduled, E::Claim | E::Succeed | E::Retry | E::Fail | E::RetryDue | E::Replay)
-        | (S::Ready, E::Fire | E::Succeed | E::Retry | E::Fail | E::RetryDue | E::Replay)
-        | (S::Running, E::Fire | E::Claim | E::RetryDue | E::Cancel | E::Replay)
-        | (S::RetryWait, E::Fire | E::Claim | E::Succeed | E::Retry | E::Fail | E::Replay)
+        (
+            S::Scheduled,
+            E::Claim | E::Succeed | E::Retry | E::Fail | E::RetryDue | E::Replay | E::Release,
+        )
+        | (
+            S::Ready,
+            E::Fire | E::Succeed | E::Retry | E::Fail | E::RetryDue | E::Replay | E::Release,
+        )
+        | (S::Running, E::Fire | E::Claim | E::RetryDue | E::Replay)
+        | (
+            S::RetryWait,
+            E::Fire | E::Claim | E::Succeed | E::Retry | E::Fail | E::Replay | E::Release,
+        )
         | (
             S::Unspecified | S::Succeeded | S::Cancelled,
             E::Fire
@@ -92,11 +112,19 @@ pub fn execution_transition(
             | E::Fail
             | E::RetryDue
             | E::Cancel
-            | E::Replay,
+            | E::Replay
+            | E::Release,
         )
         | (
             S::Failed,
-            E::Fire | E::Claim | E::Succeed | E::Retry | E::Fail | E::RetryDue | E::Cancel,
+            E::Fire
+            | E::Claim
+            | E::Succeed
+            | E::Retry
+            | E::Fail
+            | E::RetryDue
+            | E::Cancel
+            | E::Release,
         ) => Err(invalid(state.as_str_name(), event_name(event))),
     }
 }
@@ -113,9 +141,10 @@ pub fn attempt_transition(
         (S::Running, E::Fail) => Ok(S::Failed),
         (S::Running, E::TimeOut) => Ok(S::TimedOut),
         (S::Running, E::Abandon) => Ok(S::Abandoned),
+        (S::Running, E::Cancel) => Ok(S::Cancelled),
         (
-            S::Unspecified | S::Succeeded | S::Failed | S::TimedOut | S::Abandoned,
-            E::Succeed | E::Fail | E::TimeOut | E::Abandon,
+            S::Unspecified | S::Succeeded | S::Failed | S::TimedOut | S::Abandoned | S::Cancelled,
+            E::Succeed | E::Fail | E::TimeOut | E::Abandon | E::Cancel,
         ) => Err(invalid(state.as_str_name(), attempt_event_name(event))),
     }
 }
@@ -130,6 +159,7 @@ fn event_name(e: ExecutionEvent) -> &'static str {
         ExecutionEvent::RetryDue => "RetryDue",
         ExecutionEvent::Cancel => "Cancel",
         ExecutionEvent::Replay => "Replay",
+        ExecutionEvent::Release => "Release",
     }
 }
 
@@ -139,7 +169,16 @@ fn attempt_event_name(e: AttemptEvent) -> &'static str {
         AttemptEvent::Fail => "Fail",
         AttemptEvent::TimeOut => "TimeOut",
         AttemptEvent::Abandon => "Abandon",
+        AttemptEvent::Cancel => "Cancel",
     }
+}
+
+/// The short name of an execution status (`RUNNING`), for messages and metrics; `UNKNOWN` for a
+/// number no status has.
+pub fn status_name(status: i32) -> &'static str {
+    ExecutionStatus::try_from(status)
+        .map(|s| s.as_str_name().trim_start_matches("EXECUTION_STATUS_"))
+        .unwrap_or("UNKNOWN")
 }
 
 /// Whether an Execution in `state` will never change again (Replay aside).
@@ -166,11 +205,20 @@ mod tests {
         S::Failed,
         S::Cancelled,
     ];
-    const EVENTS: [E; 8] =
-        [E::Fire, E::Claim, E::Succeed, E::Retry, E::Fail, E::RetryDue, E::Cancel, E::Replay];
+    const EVENTS: [E; 9] = [
+        E::Fire,
+        E::Claim,
+        E::Succeed,
+        E::Retry,
+        E::Fail,
+        E::RetryDue,
+        E::Cancel,
+        E::Replay,
+        E::Release,
+    ];
 
     /// The allowed edges, written out once more independently of the match.
-    const ALLOWED: [(S, E, S); 10] = [
+    const ALLOWED: [(S, E, S); 12] = [
         (S::Scheduled, E::Fire, S::Ready),
         (S::Ready, E::Claim, S::Running),
         (S::Running, E::Succeed, S::Succeeded),
@@ -181,6 +229,8 @@ mod tests {
         (S::Ready, E::Cancel, S::Cancelled),
         (S::RetryWait, E::Cancel, S::Cancelled),
         (S::Failed, E::Replay, S::Ready),
+        (S::Running, E::Cancel, S::Cancelled),
+        (S::Running, E::Release, S::Ready),
     ];
 
     #[test]
@@ -206,9 +256,14 @@ mod tests {
     }
 
     #[test]
-    fn cancel_of_running_is_rejected_with_a_clear_message() {
-        let err = execution_transition(S::Running, E::Cancel).unwrap_err();
-        assert_eq!(err.to_string(), "invalid transition: Cancel in state EXECUTION_STATUS_RUNNING");
+    fn rejections_name_the_state_and_event() {
+        let err = execution_transition(S::Succeeded, E::Cancel).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid transition: Cancel in state EXECUTION_STATUS_SUCCEEDED"
+        );
+        assert_eq!(status_name(S::RetryWait as i32), "RETRY_WAIT");
+        assert_eq!(status_name(99), "UNKNOWN");
     }
 
     #[test]
@@ -226,11 +281,18 @@ mod tests {
     fn every_attempt_edge() {
         use AttemptEvent as AE;
         use AttemptStatus as AS;
-        let events = [AE::Succeed, AE::Fail, AE::TimeOut, AE::Abandon];
-        let ends = [AS::Succeeded, AS::Failed, AS::TimedOut, AS::Abandoned];
+        let events = [AE::Succeed, AE::Fail, AE::TimeOut, AE::Abandon, AE::Cancel];
+        let ends = [AS::Succeeded, AS::Failed, AS::TimedOut, AS::Abandoned, AS::Cancelled];
         for (e, end) in events.iter().zip(ends) {
             assert_eq!(attempt_transition(AS::Running, *e), Ok(end));
-            for s in [AS::Unspecified, AS::Succeeded, AS::Failed, AS::TimedOut, AS::Abandoned] {
+            for s in [
+                AS::Unspecified,
+                AS::Succeeded,
+                AS::Failed,
+                AS::TimedOut,
+                AS::Abandoned,
+                AS::Cancelled,
+            ] {
                 assert!(attempt_transition(s, *e).is_err(), "{s:?} {e:?}");
             }
         }

@@ -189,7 +189,7 @@ async fn stale_epoch_fire_changes_nothing() {
     }
     let before = w.dump().await;
     for s in 0..SHARDS {
-        let e = w.sched.fire_due(s, w.epochs[s as usize], w.now_ms(), 100).await.unwrap_err();
+        let e = w.sched.fire_due(s, w.epochs[s as usize], w.now_ms(), 100, None).await.unwrap_err();
         assert!(matches!(e, Error::OwnershipLost { .. }), "{e}");
     }
     assert_eq!(w.dump().await, before, "a stale owner changed nothing");
@@ -219,15 +219,16 @@ async fn shard_leases_move_only_when_free() {
 }
 
 #[tokio::test]
-async fn cancel_before_start_and_refusal_after() {
+async fn cancel_before_start_at_once_and_of_a_running_one_through_its_worker() {
     let w = world(8, FaultConfig::none()).await;
     let scheduled = w.sched.submit(request(None, T0 + 60_000)).await.unwrap().execution.id;
     let ready = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     let running = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
     let c = w.sched.cancel(NS, &scheduled).await.unwrap();
-    assert_eq!(c.status(), ExecutionStatus::Cancelled);
-    assert!(c.timer.is_none());
+    assert!(c.done);
+    assert_eq!(c.execution.status(), ExecutionStatus::Cancelled);
+    assert!(c.execution.timer.is_none());
     // Claim exactly one of the two READY ones, then cancel the other.
     let claimed = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
     let (run_id, ready_id) = if claimed[0].execution.id == running {
@@ -235,19 +236,26 @@ async fn cancel_before_start_and_refusal_after() {
     } else {
         (ready.clone(), running.clone())
     };
-    assert_eq!(w.sched.cancel(NS, &ready_id).await.unwrap().status(), ExecutionStatus::Cancelled);
+    let c = w.sched.cancel(NS, &ready_id).await.unwrap();
+    assert_eq!(c.execution.status(), ExecutionStatus::Cancelled);
     assert!(
         w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty(),
         "cancelled READY not dispatched"
     );
-    let e = w.sched.cancel(NS, &run_id).await.unwrap_err();
-    assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("RUNNING")), "{e}");
-    // request_cancel flags the running attempt; the worker sees it on its next heartbeat.
-    w.sched.request_cancel(NS, &run_id).await.unwrap();
+    // A running one is flagged; the worker sees it on its next heartbeat.
+    let c = w.sched.cancel(NS, &run_id).await.unwrap();
+    assert!(!c.done);
+    assert_eq!(c.execution.status(), ExecutionStatus::Running);
     w.advance_ms(1);
     assert!(w.sched.heartbeat(NS, &run_id, 1).await.unwrap().cancel_requested);
+    // Its handler stops and reports a retryable failure: CANCELLED, never retried.
+    let e = w.sched.fail(NS, &run_id, 1, err("stopped", true)).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Cancelled);
+    assert!(e.timer.is_none(), "no retry timer");
+    let attempts = w.sched.attempts(NS, &run_id).await.unwrap();
+    assert_eq!(attempts.last().unwrap().status(), AttemptStatus::Cancelled);
     assert_eq!(
-        w.sched.cancel(NS, &scheduled).await.unwrap().status(),
+        w.sched.cancel(NS, &scheduled).await.unwrap().execution.status(),
         ExecutionStatus::Cancelled,
         "idempotent"
     );
@@ -258,6 +266,67 @@ async fn cancel_before_start_and_refusal_after() {
         ExecutionStatus::Cancelled,
         "never fired"
     );
+    assert!(w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty(), "never retried");
     w.check_invariants().await;
     assert!(matches!(w.sched.cancel(NS, "nope").await, Err(Error::NotFound { .. })));
+}
+
+#[tokio::test]
+async fn a_cancelled_running_execution_whose_worker_vanished_ends_cancelled_at_lease_expiry() {
+    let w = world(18, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    assert!(!w.sched.cancel(NS, &id).await.unwrap().done);
+    w.advance_ms(31_000); // the 30 s lease runs out without a heartbeat
+    w.fire_all().await;
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Cancelled, "not RETRY_WAIT: cancelled is final");
+    assert!(w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty());
+    let e = w.sched.cancel(NS, &id).await.unwrap();
+    assert!(e.done, "cancelling it again is a no-op");
+    w.check_invariants().await;
+}
+
+#[tokio::test]
+async fn a_finished_execution_cannot_be_cancelled() {
+    let w = world(19, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap();
+    let e = w.sched.cancel(NS, &id).await.unwrap_err();
+    assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("SUCCEEDED")), "{e}");
+}
+
+#[tokio::test]
+async fn a_released_attempt_is_ready_again_and_not_counted() {
+    let w = world(20, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    // The report definition allows 3 attempts: release 5 times, then fail 3 times.
+    for token in 1..=5 {
+        let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+        assert_eq!(c[0].attempt.fencing_token, token);
+        let e = w.sched.release(NS, &id, token).await.unwrap();
+        assert_eq!(e.status(), ExecutionStatus::Ready);
+        // Idempotent: the same release again answers the same.
+        assert_eq!(w.sched.release(NS, &id, token).await.unwrap().status(), ExecutionStatus::Ready);
+    }
+    for _ in 0..3 {
+        let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+        let token = c[0].attempt.fencing_token;
+        let e = w.sched.fail(NS, &id, token, err("boom", true)).await.unwrap();
+        if e.status() == ExecutionStatus::RetryWait {
+            w.advance_ms((e.timer.unwrap().fire_at_ms - w.now_ms()).max(0) as u64);
+            w.fire_all().await;
+        }
+    }
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Failed, "3 counted attempts, 5 released ones");
+    assert_eq!(e.attempt_count, 8);
+    let attempts = w.sched.attempts(NS, &id).await.unwrap();
+    let abandoned = attempts.iter().filter(|a| a.status() == AttemptStatus::Abandoned).count();
+    assert_eq!(abandoned, 5);
+    w.check_invariants().await;
 }

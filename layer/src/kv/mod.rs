@@ -274,6 +274,11 @@ impl Transaction {
     pub async fn snapshot_get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         self.inner.get(key, true).await
     }
+    /// Reads an owned key without a read conflict (for concurrent reads of keys built on the
+    /// fly).
+    pub async fn snapshot_get_owned(&self, key: Vec<u8>) -> Result<Option<Bytes>> {
+        self.inner.get(&key, true).await
+    }
     /// Reads a key, snapshot or not.
     pub async fn get_with(&self, key: &[u8], snapshot: bool) -> Result<Option<Bytes>> {
         self.inner.get(key, snapshot).await

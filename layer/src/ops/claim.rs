@@ -1,18 +1,20 @@
-//! `claim`: a worker takes up to n READY executions of a queue. No hot key: the head of the
-//! queue is read as a snapshot, entries are picked at random among it, and only the picked
-//! keys get an explicit read conflict (the couch_jobs / QuiCK pattern), so concurrent
-//! claimers rarely collide and a collision only retries one of them.
+//! `claim`: waiting workers take READY executions of a queue. No hot key: a queue is split in
+//! `ready_partitions` partitions; a claim reads the heads of the partitions as snapshots
+//! (concurrently), picks entries at random among them, and puts an explicit read conflict on
+//! the picked keys only (the couch_jobs / QuiCK pattern), so concurrent claimers rarely
+//! collide and a collision only retries one of them.
 
-use kairos_proto::storage::v1::{Attempt, AttemptStatus, Execution, ExecutionStatus, TimerKind};
+use std::collections::BTreeSet;
+
+use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::limits::{CLAIM_BATCH_MAX, CLAIM_SCAN_MAX, LEASE_MS_MAX, LEASE_MS_MIN};
-use super::records::{load_execution, save_execution, set_timer};
+use super::limits::{CLAIM_BATCH_MAX, CLAIM_SCAN_MAX};
+use super::records::{load_execution, running_attempt};
 use super::submit::check_name;
-use super::worker::{attempt_deadline_ms, load_attempt, save_attempt};
-use crate::kv::Transaction;
-use crate::state::{ExecutionEvent, execution_transition};
+use super::worker::check_lease_ms;
+use crate::kv::{KeyValue, Transaction};
 
 /// An execution handed to a worker: the attempt carries the fencing token its results must
 /// present.
@@ -24,17 +26,30 @@ pub struct Claimed {
     pub attempt: Attempt,
 }
 
-/// One worker's share of a `claim_many`.
+impl Claimed {
+    /// The claim of a RUNNING execution, as the execution record carries it.
+    pub(crate) fn of(execution: Execution) -> Claimed {
+        let attempt = running_attempt(&execution);
+        Claimed { execution, attempt }
+    }
+}
+
+/// One waiting worker's share of a `claim_many`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimSlot {
     /// The worker.
     pub worker_id: String,
     /// Most executions for it.
     pub max: usize,
+    /// The lease of each execution it gets (the definition's when `None`).
+    pub lease_ms: Option<u64>,
 }
 
 /// Most executions one `claim_many` takes over all its slots.
 pub const CLAIM_MANY_MAX: usize = CLAIM_SCAN_MAX;
+
+/// How long claim receipts are kept (a retried claim comes back within seconds).
+pub(crate) const RECEIPT_KEEP_MS: i64 = 60_000;
 
 impl Scheduler {
     /// Claims up to `max` READY executions of `queue` for `worker_id`, each with a lease of
@@ -53,20 +68,19 @@ impl Scheduler {
                 format!("must be between 1 and {CLAIM_BATCH_MAX}"),
             ));
         }
-        let slots = [ClaimSlot { worker_id: worker_id.to_string(), max }];
-        let mut out = self.claim_many(ns, queue, &slots, lease_ms).await?;
+        let slots = [ClaimSlot { worker_id: worker_id.to_string(), max, lease_ms }];
+        let mut out = self.claim_many(ns, queue, &slots).await?;
         Ok(out.pop().unwrap_or_default())
     }
 
     /// Claims for several waiting workers of one queue in one transaction (a node's
-    /// dispatcher batches its long polls this way): slot `i` gets up to `slots[i].max`
-    /// executions, earlier slots first.
+    /// dispatcher batches its waiting workers this way): slot `i` gets up to `slots[i].max`
+    /// executions, earlier slots first, each with the slot's own lease.
     pub async fn claim_many(
         &self,
         ns: &str,
         queue: &str,
         slots: &[ClaimSlot],
-        lease_ms: Option<u64>,
     ) -> Result<Vec<Vec<Claimed>>> {
         check_name("namespace", ns)?;
         check_name("queue", queue)?;
@@ -78,147 +92,128 @@ impl Scheduler {
                     format!("must be between 1 and {CLAIM_BATCH_MAX}"),
                 ));
             }
+            check_lease_ms(s.lease_ms)?;
         }
         let total: usize = slots.iter().map(|s| s.max).sum();
         if slots.is_empty() || total > CLAIM_MANY_MAX {
             return Err(invalid("slots", format!("1 to {CLAIM_MANY_MAX} executions per claim")));
         }
-        if let Some(l) = lease_ms
-            && !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&l)
-        {
-            return Err(invalid(
-                "leaseMs",
-                format!("must be between {LEASE_MS_MIN} and {LEASE_MS_MAX}"),
-            ));
-        }
         let now_ms = self.clock.now().as_millis();
         // Chosen outside the retry loop: a retry after an unknown commit result finds the
         // receipt of the claim that did commit and returns what it took.
-        let owner = slots[0].worker_id.as_str();
-        let receipt = &self.ks.claim_receipt(ns, owner, now_ms, self.rng.next_u64());
+        let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64());
+        let parts = self.config.ready_partitions.max(1);
+        // Partitions in a random order, so claimers spread over them.
+        let start = self.rng.below(u64::from(parts)) as u32;
         self.db
             .run(|tx| async move {
                 // Read here, not before the loop: a retried claim starts attempts now, never
                 // before the executions it takes became READY.
                 let now_ms = self.clock.now().as_millis().max(now_ms);
                 if let Some(v) = tx.get(receipt).await? {
-                    return self.claimed_by_receipt(&tx, ns, &v, slots.len()).await;
+                    return self.claimed_by_receipt(&tx, &v, slots.len()).await;
                 }
-                let expired = self.ks.claim_receipts_before(ns, owner, now_ms - RECEIPT_KEEP_MS);
+                let expired = self.ks.claim_receipts_before(now_ms - RECEIPT_KEEP_MS);
                 tx.clear_range(&expired.begin, &expired.end)?;
-                let scan = (total * 4).clamp(32, CLAIM_SCAN_MAX);
-                let head = tx.get_range(&self.ks.ready_queue(ns, queue).limit(scan), true).await?;
-                // A random subset of the head, in random order (partial Fisher-Yates).
-                let mut order: Vec<usize> = (0..head.len()).collect();
-                let picks = total.min(order.len());
-                for i in 0..picks {
-                    let j = i + self.rng.below((order.len() - i) as u64) as usize;
-                    order.swap(i, j);
+                let head = self.ready_heads(&tx, ns, queue, parts, start, total).await?;
+                let picked = self.pick(&head, total);
+                for kv in &picked {
+                    tx.add_read_conflict_key(&kv.key)?;
+                    tx.clear(&kv.key)?;
                 }
+                let ids: Vec<String> = picked
+                    .iter()
+                    .map(|kv| self.ks.parse_ready(&kv.key).map(|r| r.execution_id))
+                    .collect::<std::result::Result<_, _>>()?;
+                let loads = ids.iter().map(|id| load_execution(&tx, &self.ks, ns, id));
+                let found = futures_util::future::try_join_all(loads).await?;
+                let ready: Vec<Execution> = found
+                    .into_iter()
+                    .flatten() // a stale entry (execution gone): cleared above
+                    .filter(|e| e.status == ExecutionStatus::Ready as i32)
+                    .collect();
+                let shards: BTreeSet<u32> = ready.iter().map(|e| e.shard).collect();
+                let wms = self.watermarks(&tx, shards).await?;
                 let mut out: Vec<Vec<Claimed>> = vec![Vec::new(); slots.len()];
-                let mut slot = 0;
                 let mut taken: Vec<(String, u64, u32)> = Vec::new();
-                for &i in &order[..picks] {
+                let mut slot = 0;
+                for mut e in ready {
                     while slot < slots.len() && out[slot].len() >= slots[slot].max {
                         slot += 1;
                     }
                     if slot == slots.len() {
                         break;
                     }
-                    let key = &head[i].key;
-                    tx.add_read_conflict_key(key)?;
-                    tx.clear(key)?;
-                    let entry = self.ks.parse_ready(key)?;
-                    let Some(e) = load_execution(&tx, &self.ks, ns, &entry.execution_id).await?
-                    else {
-                        continue; // a stale entry: cleared above
-                    };
-                    if e.status != ExecutionStatus::Ready as i32 {
-                        continue;
-                    }
-                    let c = self
-                        .start_attempt(&tx, e, &slots[slot].worker_id, lease_ms, now_ms)
-                        .await?;
-                    taken.push((c.execution.id.clone(), c.attempt.fencing_token, slot as u32));
-                    out[slot].push(c);
+                    let s = &slots[slot];
+                    let (stored, wm) = (e.status, wms[&e.shard]);
+                    self.start_attempt(&tx, &mut e, stored, &s.worker_id, s.lease_ms, now_ms, wm)?;
+                    taken.push((e.id.clone(), e.fencing_token, slot as u32));
+                    out[slot].push(Claimed::of(e));
                 }
-                tx.set(receipt, &crate::tuple::pack(&taken))?;
+                tx.set(receipt, &crate::tuple::pack(&(ns, &taken)))?;
                 Ok(out)
             })
             .await
     }
 
-    /// READY → RUNNING: a new attempt with the next fencing token, a lease and its check.
-    async fn start_attempt(
+    /// The heads of a queue's partitions (snapshot reads, issued concurrently), enough to pick
+    /// `want` entries from.
+    async fn ready_heads(
         &self,
         tx: &Transaction,
-        mut e: Execution,
-        worker_id: &str,
-        lease_ms: Option<u64>,
-        now_ms: i64,
-    ) -> Result<Claimed> {
-        let before = e.status;
-        e.status = execution_transition(e.status(), ExecutionEvent::Claim)? as i32;
-        e.attempt_count += 1;
-        e.fencing_token += 1;
-        e.started_at_ms = now_ms;
-        e.updated_at_ms = now_ms;
-        e.cancel_requested = false;
-        let lease = lease_ms.unwrap_or(e.lease_ms).clamp(LEASE_MS_MIN, LEASE_MS_MAX);
-        e.lease_ms = lease;
-        e.lease_expires_at_ms = now_ms.saturating_add(lease as i64);
-        e.lease_expires_at_ms = attempt_deadline_ms(&e);
-        let attempt = Attempt {
-            execution_id: e.id.clone(),
-            number: e.attempt_count,
-            worker_id: worker_id.to_string(),
-            lease_owner: worker_id.to_string(),
-            lease_expires_at_ms: e.lease_expires_at_ms,
-            fencing_token: e.fencing_token,
-            started_at_ms: now_ms,
-            ended_at_ms: 0,
-            status: AttemptStatus::Running as i32,
-            error: None,
-        };
-        save_attempt(tx, self, &attempt, &e.namespace)?;
-        let deadline = e.lease_expires_at_ms;
-        set_timer(
-            tx,
-            &self.ks,
-            self.config.bucket_width_ms,
-            &mut e,
-            TimerKind::LeaseCheck,
-            deadline,
-        )
-        .await?;
-        save_execution(tx, &self.ks, Some(before), &e)?;
-        Ok(Claimed { execution: e, attempt })
+        ns: &str,
+        queue: &str,
+        parts: u32,
+        start: u32,
+        want: usize,
+    ) -> Result<Vec<KeyValue>> {
+        // Twice the share of each partition, at least a few: random picks among a head a bit
+        // larger than needed keep concurrent claimers apart.
+        let per = (want * 2).div_ceil(parts as usize).clamp(8, CLAIM_SCAN_MAX);
+        let reads = (0..parts).map(|i| {
+            let p = (start + i) % parts;
+            let range = self.ks.ready_queue(ns, queue, p).limit(per);
+            async move { tx.get_range(&range, true).await }
+        });
+        let heads = futures_util::future::try_join_all(reads).await?;
+        Ok(heads.into_iter().flatten().collect())
+    }
+
+    /// A random subset of `head` of up to `n` entries, oldest first within the subset's
+    /// partitions' order (partial Fisher-Yates).
+    fn pick(&self, head: &[KeyValue], n: usize) -> Vec<KeyValue> {
+        let mut order: Vec<usize> = (0..head.len()).collect();
+        let picks = n.min(order.len());
+        for i in 0..picks {
+            let j = i + self.rng.below((order.len() - i) as u64) as usize;
+            order.swap(i, j);
+        }
+        let mut chosen: Vec<usize> = order[..picks].to_vec();
+        chosen.sort_unstable(); // oldest first inside each partition's head
+        chosen.into_iter().map(|i| head[i].clone()).collect()
     }
 
     async fn claimed_by_receipt(
         &self,
         tx: &Transaction,
-        ns: &str,
         receipt: &[u8],
         slots: usize,
     ) -> Result<Vec<Vec<Claimed>>> {
-        let taken: Vec<(String, u64, u32)> = crate::tuple::unpack(receipt)
+        let (ns, taken): (String, Vec<(String, u64, u32)>) = crate::tuple::unpack(receipt)
             .map_err(|e| Error::Corrupt(format!("claim receipt: {e}")))?;
+        let loads = taken.iter().map(|(id, _, _)| load_execution(tx, &self.ks, &ns, id));
+        let found = futures_util::future::try_join_all(loads).await?;
         let mut out: Vec<Vec<Claimed>> = vec![Vec::new(); slots];
-        for (id, token, slot) in taken {
-            let Some(e) = load_execution(tx, &self.ks, ns, &id).await? else { continue };
+        for ((_, token, slot), e) in taken.into_iter().zip(found) {
+            let Some(e) = e else { continue };
             // Only what this claim still holds: the attempt may have ended meanwhile.
             if e.fencing_token != token || e.status != ExecutionStatus::Running as i32 {
                 continue;
             }
-            let attempt = load_attempt(tx, self, &e).await?;
             if let Some(v) = out.get_mut(slot as usize) {
-                v.push(Claimed { execution: e, attempt });
+                v.push(Claimed::of(e));
             }
         }
         Ok(out)
     }
 }
-
-/// How long claim receipts are kept (a retried claim comes back within seconds).
-const RECEIPT_KEEP_MS: i64 = 60_000;

@@ -1,74 +1,70 @@
-//! Client control of an execution: `cancel` (not started only), `request_cancel` (asks a
-//! running attempt's worker to stop), `replay` (FAILED → READY as the next attempt).
+//! Client control of an execution: `cancel` (a pending execution at once; a running one by
+//! asking its worker to stop, after which it ends CANCELLED and is never retried) and `replay`
+//! (FAILED → READY as the next attempt).
 
 use kairos_proto::storage::v1::{Execution, ExecutionStatus};
 
 use super::Scheduler;
 use super::error::{Error, Result};
-use super::records::{
-    clear_timer, dequeue_ready, enqueue_ready, require_execution, save_execution,
-};
-use crate::state::{ExecutionEvent, execution_transition};
+use super::records::require_execution;
+use crate::state::{ExecutionEvent, execution_transition, status_name};
 
-fn status_name(e: &Execution) -> &'static str {
-    e.status().as_str_name().trim_start_matches("EXECUTION_STATUS_")
+/// What `cancel` did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cancelled {
+    /// The execution afterwards.
+    pub execution: Execution,
+    /// `true` if it is CANCELLED now; `false` if it was RUNNING and its worker was asked to
+    /// stop (it ends CANCELLED when the attempt ends, unless the handler completes first).
+    pub done: bool,
 }
 
 impl Scheduler {
-    /// Cancels an execution that has not started (SCHEDULED, READY or RETRY_WAIT): removes its
-    /// timer or ready entry. A RUNNING (or finished) execution is refused with
-    /// `FailedPrecondition`. Cancelling a cancelled execution returns it unchanged.
-    pub async fn cancel(&self, ns: &str, id: &str) -> Result<Execution> {
+    /// Cancels an execution. One that has not started (SCHEDULED, READY or RETRY_WAIT) is
+    /// CANCELLED at once (its timer or ready entry removed); a RUNNING one is flagged, its
+    /// worker learns it from its next heartbeat, and it ends CANCELLED when the attempt ends
+    /// (a failure, a time-out or a release), never retried — or SUCCEEDED if the handler
+    /// completes anyway. A finished execution is refused with `FailedPrecondition`.
+    /// Idempotent.
+    pub async fn cancel(&self, ns: &str, id: &str) -> Result<Cancelled> {
         let now_ms = self.clock.now().as_millis();
         self.db
             .run(|tx| async move {
                 let mut e = require_execution(&tx, &self.ks, ns, id).await?;
-                if e.status == ExecutionStatus::Cancelled as i32 {
-                    return Ok(e);
-                }
                 let before = e.status;
-                let next = execution_transition(e.status(), ExecutionEvent::Cancel).map_err(|_| {
-                    Error::FailedPrecondition(format!(
-                        "execution {id} is {}: only SCHEDULED, READY or RETRY_WAIT executions can be cancelled",
-                        status_name(&e)
-                    ))
-                })?;
-                clear_timer(&tx, &self.ks, &mut e)?;
+                match e.status() {
+                    ExecutionStatus::Cancelled => {
+                        return Ok(Cancelled { execution: e, done: true });
+                    }
+                    ExecutionStatus::Running => {
+                        if !e.cancel_requested {
+                            e.cancel_requested = true;
+                            e.updated_at_ms = now_ms;
+                            self.save_execution(&tx, Some(before), &e)?;
+                        }
+                        return Ok(Cancelled { execution: e, done: false });
+                    }
+                    _ => {}
+                }
+                let next =
+                    execution_transition(e.status(), ExecutionEvent::Cancel).map_err(|_| {
+                        Error::FailedPrecondition(format!(
+                            "execution {id} is {}: it has finished and can no longer be cancelled",
+                            status_name(e.status)
+                        ))
+                    })?;
+                self.clear_timer(&tx, &mut e)?;
                 if e.status == ExecutionStatus::Ready as i32 {
-                    dequeue_ready(&tx, &self.ks, &e)?;
+                    self.dequeue_ready(&tx, &e)?;
                 }
                 e.status = next as i32;
+                e.cancel_requested = true;
                 e.finished_at_ms = now_ms;
                 e.updated_at_ms = now_ms;
-                save_execution(&tx, &self.ks, Some(before), &e)?;
-                Ok(e)
+                self.save_execution(&tx, Some(before), &e)?;
+                Ok(Cancelled { execution: e, done: true })
             })
             .await
-    }
-
-    /// Asks for an execution to stop: cancels it if it has not started, otherwise flags the
-    /// running attempt (its worker learns it from the next heartbeat).
-    pub async fn request_cancel(&self, ns: &str, id: &str) -> Result<Execution> {
-        let now_ms = self.clock.now().as_millis();
-        let flagged = self
-            .db
-            .run(|tx| async move {
-                let mut e = require_execution(&tx, &self.ks, ns, id).await?;
-                if e.status != ExecutionStatus::Running as i32 {
-                    return Ok::<_, Error>(None);
-                }
-                if !e.cancel_requested {
-                    e.cancel_requested = true;
-                    e.updated_at_ms = now_ms;
-                    save_execution(&tx, &self.ks, Some(e.status), &e)?;
-                }
-                Ok::<_, Error>(Some(e))
-            })
-            .await?;
-        match flagged {
-            Some(e) => Ok(e),
-            None => self.cancel(ns, id).await,
-        }
     }
 
     /// Replays a FAILED execution: READY again, as the next attempt of the same execution,
@@ -89,15 +85,16 @@ impl Scheduler {
                     execution_transition(e.status(), ExecutionEvent::Replay).map_err(|_| {
                         Error::FailedPrecondition(format!(
                             "execution {id} is {}: only FAILED executions can be replayed",
-                            status_name(&e)
+                            status_name(e.status)
                         ))
                     })? as i32;
                 e.attempt_base = e.attempt_count;
+                e.attempts_released = 0;
                 e.error = None;
                 e.finished_at_ms = 0;
                 e.updated_at_ms = now_ms;
-                enqueue_ready(&tx, &self.ks, &mut e, now_ms)?;
-                save_execution(&tx, &self.ks, Some(before), &e)?;
+                self.enqueue_ready(&tx, &mut e, now_ms)?;
+                self.save_execution(&tx, Some(before), &e)?;
                 Ok(e)
             })
             .await

@@ -1,25 +1,52 @@
 //! `fire_due`: a shard owner turns its due timers into effects, fenced by its lease epoch —
-//! DUE and RETRY timers make executions READY; LEASE_CHECK timers time out an attempt whose
-//! lease expired (then the retry policy) or move to the renewed expiry. Advances the
-//! shard's watermark past drained buckets.
+//! DUE and RETRY timers make executions READY, or, when a worker of the queue is waiting on
+//! this node, RUNNING for that worker in the same transaction (a *sync match*: no ready entry,
+//! no claim transaction, no extra round trip); LEASE_CHECK timers time out an attempt whose
+//! lease expired (then the retry policy) or move to the renewed expiry. A timer that cannot be
+//! processed (undecodable, an invalid transition) is quarantined — recorded for operators —
+//! and the rest of the batch goes on. Advances the shard's watermark past drained buckets.
+
+use std::collections::BTreeMap;
 
 use kairos_proto::storage::v1::{
-    Execution, ExecutionError, ExecutionStatus, ShardLease, TimerEntry, TimerKind,
+    Execution, ExecutionError, ExecutionStatus, QuarantineRecord, TimerEntry, TimerKind,
 };
 
 use super::Scheduler;
+use super::claim::Claimed;
 use super::error::{Error, Result};
+use super::leases::check_epoch;
 use super::limits::{FIRE_BATCH_MAX, FIRE_BUCKETS_PER_CALL_MAX};
-use super::records::{
-    decode, enqueue_ready, load_execution, require_execution, save_execution, set_timer, watermark,
-};
-use super::worker::attempt_deadline_ms;
+use super::records::{decode, encode, load_execution, require_execution, watermark};
+use super::worker::{attempt_deadline_ms, attempt_timeout_at_ms};
 use crate::ids::bucket_of;
-use crate::kv::Transaction;
+use crate::keys::{Space, TimerKey};
+use crate::kv::{KeyValue, Transaction};
 use crate::state::{AttemptEvent, ExecutionEvent, execution_transition};
 
-/// One timer processed by `fire_due`.
+/// A waiting worker's slot, reserved for an execution fired now.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The worker.
+    pub worker_id: String,
+    /// The lease its attempts get (the definition's when `None`).
+    pub lease_ms: Option<u64>,
+    /// The matcher's handle of the waiting worker (which connection to hand the work to).
+    pub slot: u64,
+}
+
+/// Where `fire_due` finds workers waiting for the queues it makes work ready on (a node's
+/// dispatcher). Called inside the transaction: a try that does not commit gives its grants
+/// back with [`Matcher::cancel`].
+pub trait Matcher: Send + Sync {
+    /// Reserves up to `n` waiting worker slots of `(ns, queue)`.
+    fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant>;
+    /// Gives back grants that were not used.
+    fn cancel(&self, grants: Vec<Grant>);
+}
+
+/// One timer processed by `fire_due`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Fired {
     /// Namespace of the execution.
     pub namespace: String,
@@ -33,174 +60,339 @@ pub struct Fired {
     pub execute_at_ms: i64,
     /// The execution's status afterwards.
     pub status: ExecutionStatus,
-    /// The queue it is ready on, if it became READY.
+    /// The queue it is ready (or running) on.
     pub queue: String,
-    /// The execution's next timer, if processing set one (retry back-off, renewed lease).
-    pub next_timer: Option<crate::keys::TimerKey>,
+    /// The execution's next timer, if processing set one (retry back-off, renewed lease, the
+    /// lease check of a matched attempt).
+    pub next_timer: Option<TimerKey>,
+    /// Matched to a waiting worker: the claim and the grant it used.
+    pub matched: Option<(Claimed, Grant)>,
+    /// The attempt timed out because of `attempt_timeout_ms` (not a lost lease).
+    pub timed_out: bool,
 }
 
 /// The result of one `fire_due` call.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct FireOutcome {
     /// Timers processed (stale ones are removed and not listed).
     pub fired: Vec<Fired>,
+    /// Timers quarantined as unprocessable.
+    pub quarantined: usize,
+    /// Attempts this fire started for waiting workers whose grants were given back (a retry
+    /// after an unknown commit result): hand them to another waiting worker, or release them.
+    pub orphaned: Vec<Claimed>,
     /// The shard's watermark afterwards.
     pub watermark: i64,
-    /// More timers were due than the limit allowed: call again.
+    /// More timers may be due than the limit allowed: call again.
     pub more: bool,
 }
 
-/// Checks the caller still owns `shard` at `epoch` (a read with a conflict, so a concurrent
-/// change of owner aborts this transaction).
-pub(crate) async fn check_epoch(
-    tx: &Transaction,
-    sched: &Scheduler,
-    shard: u32,
-    epoch: u64,
-) -> Result<()> {
-    let current = match tx.get(&sched.ks.shard_lease(shard)).await? {
-        Some(v) => decode::<ShardLease>("shard lease", &v)?.epoch,
-        None => 0,
-    };
-    if current != epoch || epoch == 0 {
-        return Err(Error::OwnershipLost { shard, epoch, current });
+/// What one due timer turned into, before matching.
+enum Step {
+    /// Stale: its execution is gone or has another timer.
+    Stale,
+    /// Becomes READY (DUE or RETRY), unless matched.
+    Ready(Execution, TimerKey),
+    /// A lease check, processed in place.
+    LeaseCheck(Execution, TimerKey),
+    /// Unprocessable: put aside.
+    Quarantine { key: Vec<u8>, value: Vec<u8>, reason: String, ns: String, id: String },
+}
+
+/// Grants taken by the current try of a transaction, given back unless it commits.
+struct Reservations<'a> {
+    matcher: Option<&'a dyn Matcher>,
+    taken: std::sync::Mutex<Vec<Grant>>,
+}
+
+impl Reservations<'_> {
+    fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant> {
+        let Some(m) = self.matcher else { return Vec::new() };
+        let g = m.reserve(ns, queue, n);
+        self.taken.lock().unwrap_or_else(|e| e.into_inner()).extend(g.iter().cloned());
+        g
     }
-    Ok(())
+    /// Gives back what the last try took (it did not commit).
+    fn roll_back(&self) {
+        let taken = std::mem::take(&mut *self.taken.lock().unwrap_or_else(|e| e.into_inner()));
+        if let (Some(m), false) = (self.matcher, taken.is_empty()) {
+            m.cancel(taken);
+        }
+    }
+    /// Gives back grants reserved but not used by the committed try.
+    fn give_back(&self, unused: Vec<Grant>) {
+        if let (Some(m), false) = (self.matcher, unused.is_empty()) {
+            m.cancel(unused);
+        }
+    }
 }
 
 impl Scheduler {
     /// Processes up to `limit` timers of `shard` due at `now_ms`, fenced by `epoch`: a stale
-    /// owner gets `OwnershipLost` and changes nothing.
+    /// owner gets `OwnershipLost` and changes nothing. Executions made ready on a queue with a
+    /// worker waiting in `matcher` start at once for that worker.
     pub async fn fire_due(
         &self,
         shard: u32,
         epoch: u64,
         now_ms: i64,
         limit: usize,
+        matcher: Option<&dyn Matcher>,
     ) -> Result<FireOutcome> {
         let limit = limit.clamp(1, FIRE_BATCH_MAX);
-        self.db
+        let res = Reservations { matcher, taken: std::sync::Mutex::new(Vec::new()) };
+        let res = &res;
+        // A claim receipt for the matched attempts, chosen outside the retry loop: a retry
+        // after an unknown commit result hands out what the committed try matched.
+        let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64());
+        let r = self
+            .db
             .run(|tx| async move {
-                check_epoch(&tx, self, shard, epoch).await?;
-                let wm = watermark(&tx, &self.ks, shard).await?;
-                let now_bucket = bucket_of(now_ms, self.config.bucket_width_ms);
-                let mut out = FireOutcome { watermark: wm, ..FireOutcome::default() };
-                let mut bucket = wm;
-                while bucket <= now_bucket {
-                    if bucket - wm >= FIRE_BUCKETS_PER_CALL_MAX {
-                        out.more = true;
-                        break;
-                    }
-                    let left = limit - out.fired.len();
-                    let range = self.ks.timers_due(bucket, shard, now_ms).limit(left + 1);
-                    let rows = tx.get_range(&range, false).await?;
-                    let full = rows.len() > left;
-                    for kv in rows.iter().take(left) {
-                        tx.clear(&kv.key)?;
-                        let timer = self.ks.parse_timer(&kv.key)?;
-                        let entry: TimerEntry = decode("timer", &kv.value)?;
-                        if let Some(f) = self.fire_one(&tx, &timer, &entry, now_ms).await? {
-                            out.fired.push(f);
+                res.roll_back();
+                if let Some(v) = tx.get(receipt).await? {
+                    return self.fired_by_receipt(&tx, &v).await;
+                }
+                let (owner, wm) = futures_util::future::try_join(
+                    check_epoch(&tx, self, Space::Executions, shard, epoch),
+                    watermark(&tx, &self.ks, shard),
+                )
+                .await?;
+                let () = owner;
+                let (rows, mut out) = self.due_rows(&tx, shard, wm, now_ms, limit).await?;
+                let steps = self.steps(&tx, rows).await?;
+                let mut ready: BTreeMap<(String, String), Vec<(Execution, TimerKey)>> =
+                    BTreeMap::new();
+                for step in steps {
+                    match step {
+                        Step::Stale => {}
+                        Step::Ready(e, t) => ready
+                            .entry((e.namespace.clone(), e.queue.clone()))
+                            .or_default()
+                            .push((e, t)),
+                        Step::LeaseCheck(mut e, t) => {
+                            let before = e.status;
+                            let timed_out = self.check_lease(&tx, &mut e, now_ms, wm)?;
+                            e.updated_at_ms = now_ms;
+                            self.save_execution(&tx, Some(before), &e)?;
+                            out.fired.push(fired(&e, &t, None, timed_out));
+                        }
+                        Step::Quarantine { key, value, reason, ns, id } => {
+                            self.quarantine(&tx, shard, now_ms, key, value, reason, ns, id)?;
+                            out.quarantined += 1;
                         }
                     }
-                    if full {
-                        out.more = true;
-                        break;
+                }
+                let mut taken = Vec::new();
+                for ((ns, queue), items) in ready {
+                    let grants = res.reserve(&ns, &queue, items.len());
+                    let mut grants = grants.into_iter();
+                    for (mut e, t) in items {
+                        let before = e.status;
+                        let event = if t.kind == TimerKind::Due as i32 {
+                            ExecutionEvent::Fire
+                        } else {
+                            ExecutionEvent::RetryDue
+                        };
+                        e.status = execution_transition(e.status(), event)? as i32;
+                        e.updated_at_ms = now_ms;
+                        match grants.next() {
+                            Some(g) => {
+                                // Straight to RUNNING: the status index moves from the stored
+                                // state, and no ready entry is written.
+                                self.start_attempt(
+                                    &tx,
+                                    &mut e,
+                                    before,
+                                    &g.worker_id,
+                                    g.lease_ms,
+                                    now_ms,
+                                    wm,
+                                )?;
+                                taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token));
+                                let claim = Claimed::of(e.clone());
+                                out.fired.push(fired(&e, &t, Some((claim, g)), false));
+                            }
+                            None => {
+                                self.enqueue_ready(&tx, &mut e, now_ms)?;
+                                self.save_execution(&tx, Some(before), &e)?;
+                                out.fired.push(fired(&e, &t, None, false));
+                            }
+                        }
                     }
-                    // Every timer of a past bucket is due (later ones land in later buckets),
-                    // so a past bucket is now empty and the watermark may pass it.
-                    if bucket < now_bucket {
-                        out.watermark = bucket + 1;
-                    }
-                    bucket += 1;
+                    res.give_back(grants.collect());
+                }
+                if !taken.is_empty() {
+                    tx.set(receipt, &crate::tuple::pack(&taken))?;
                 }
                 if out.watermark != wm {
                     tx.set(&self.ks.watermark(shard), &out.watermark.to_be_bytes())?;
                 }
                 Ok(out)
             })
-            .await
+            .await;
+        if r.is_err() {
+            res.roll_back();
+        }
+        r
     }
 
-    async fn fire_one(
+    /// The due timer rows of `shard` from its watermark's bucket on, at most `limit`; the
+    /// outcome starts with the watermark the drained buckets allow.
+    async fn due_rows(
         &self,
         tx: &Transaction,
-        timer: &crate::keys::TimerKey,
-        entry: &TimerEntry,
+        shard: u32,
+        wm: i64,
         now_ms: i64,
-    ) -> Result<Option<Fired>> {
-        let Some(mut e) =
-            load_execution(tx, &self.ks, &entry.namespace, &timer.execution_id).await?
-        else {
-            return Ok(None); // execution gone: a stale timer
-        };
-        let current = e.timer.as_ref().is_some_and(|t| {
-            t.fire_at_ms == timer.fire_at_ms && t.kind == timer.kind && t.bucket == timer.bucket
+        limit: usize,
+    ) -> Result<(Vec<KeyValue>, FireOutcome)> {
+        let now_bucket = bucket_of(now_ms, self.config.bucket_width_ms);
+        let mut out = FireOutcome { watermark: wm, ..FireOutcome::default() };
+        let mut rows = Vec::new();
+        let mut bucket = wm;
+        while bucket <= now_bucket {
+            if bucket - wm >= FIRE_BUCKETS_PER_CALL_MAX {
+                out.more = true;
+                break;
+            }
+            let left = limit - rows.len();
+            let range = self.ks.timers_due(bucket, shard, now_ms).limit(left + 1);
+            let mut got = tx.get_range(&range, false).await?;
+            let full = got.len() > left;
+            got.truncate(left);
+            rows.extend(got);
+            if full {
+                out.more = true;
+                break;
+            }
+            // Every timer of a past bucket is due (later ones land in later buckets), so a
+            // past bucket is now empty and the watermark may pass it.
+            if bucket < now_bucket {
+                out.watermark = bucket + 1;
+            }
+            bucket += 1;
+        }
+        Ok((rows, out))
+    }
+
+    /// Decodes due timer rows and loads their executions (concurrently), clearing each timer.
+    async fn steps(&self, tx: &Transaction, rows: Vec<KeyValue>) -> Result<Vec<Step>> {
+        let loads = rows.into_iter().map(|kv| async move {
+            tx.clear(&kv.key)?;
+            let quarantine = |reason: String, ns: String, id: String| Step::Quarantine {
+                key: kv.key.to_vec(),
+                value: kv.value.to_vec(),
+                reason,
+                ns,
+                id,
+            };
+            let timer = match self.ks.parse_timer(&kv.key) {
+                Ok(t) => t,
+                Err(e) => return Ok(quarantine(e.to_string(), String::new(), String::new())),
+            };
+            let entry: TimerEntry = match decode("timer", &kv.value) {
+                Ok(e) => e,
+                Err(e) => return Ok(quarantine(e.to_string(), String::new(), timer.execution_id)),
+            };
+            let (ns, id) = (entry.namespace.clone(), timer.execution_id.clone());
+            let e = match load_execution(tx, &self.ks, &ns, &id).await {
+                Ok(Some(e)) => e,
+                Ok(None) => return Ok(Step::Stale), // execution gone: a stale timer
+                Err(Error::Kv(k)) => return Err(Error::Kv(k)),
+                Err(e) => return Ok(quarantine(e.to_string(), ns, id)),
+            };
+            let current = e.timer.as_ref().is_some_and(|t| {
+                t.fire_at_ms == timer.fire_at_ms && t.kind == timer.kind && t.bucket == timer.bucket
+            });
+            if !current {
+                return Ok(Step::Stale); // replaced or cleared: the key was stale
+            }
+            Ok(match TimerKind::try_from(timer.kind) {
+                Ok(TimerKind::Due) if e.status == ExecutionStatus::Scheduled as i32 => {
+                    Step::Ready(e, timer)
+                }
+                Ok(TimerKind::Retry) if e.status == ExecutionStatus::RetryWait as i32 => {
+                    Step::Ready(e, timer)
+                }
+                Ok(TimerKind::LeaseCheck) => Step::LeaseCheck(e, timer),
+                Ok(kind) => quarantine(
+                    format!(
+                        "a {} timer of an execution in state {}",
+                        kind.as_str_name(),
+                        crate::state::status_name(e.status)
+                    ),
+                    ns,
+                    id,
+                ),
+                Err(_) => quarantine(format!("unknown timer kind {}", timer.kind), ns, id),
+            })
         });
-        if !current {
-            return Ok(None); // replaced or cleared: the key was stale
-        }
-        e.timer = None; // its key is cleared by the caller
-        let before = e.status;
-        let kind = TimerKind::try_from(timer.kind).unwrap_or(TimerKind::Unspecified);
-        match kind {
-            TimerKind::Due | TimerKind::Retry => {
-                let event = if kind == TimerKind::Due {
-                    ExecutionEvent::Fire
-                } else {
-                    ExecutionEvent::RetryDue
-                };
-                e.status = execution_transition(e.status(), event)? as i32;
-                enqueue_ready(tx, &self.ks, &mut e, now_ms)?;
-            }
-            TimerKind::LeaseCheck => self.check_lease(tx, &mut e, now_ms).await?,
-            TimerKind::Unspecified => {
-                return Err(Error::Corrupt(format!("timer of {} has no kind", e.id)));
+        let mut steps = futures_util::future::try_join_all(loads).await?;
+        // The timer of a quarantined step is cleared; its execution keeps pointing at it: drop
+        // that reference so nothing waits on a timer that no longer exists.
+        for s in &mut steps {
+            if let Step::Ready(e, _) | Step::LeaseCheck(e, _) = s {
+                e.timer = None;
             }
         }
-        e.updated_at_ms = now_ms;
-        save_execution(tx, &self.ks, Some(before), &e)?;
-        Ok(Some(Fired {
-            namespace: e.namespace.clone(),
-            execution_id: e.id.clone(),
-            kind,
-            fire_at_ms: timer.fire_at_ms,
-            execute_at_ms: e.execute_at_ms,
-            status: e.status(),
-            queue: e.queue.clone(),
-            next_timer: super::timer_of(&e),
-        }))
+        Ok(steps)
+    }
+
+    /// Puts an unprocessable timer aside: recorded under the quarantine subspace with why.
+    #[allow(clippy::too_many_arguments)]
+    fn quarantine(
+        &self,
+        tx: &Transaction,
+        shard: u32,
+        now_ms: i64,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        reason: String,
+        namespace: String,
+        execution_id: String,
+    ) -> Result<()> {
+        let qkey = self.ks.quarantine(Space::Executions, shard, now_ms, &key);
+        let rec = QuarantineRecord { key, value, reason, at_ms: now_ms, execution_id, namespace };
+        tx.set(&qkey, &encode(&rec))?;
+        Ok(())
     }
 
     /// The lease check of a RUNNING execution: past its deadline the attempt TIMED_OUT (then
-    /// the retry policy); otherwise the timer moves to the renewed deadline.
-    async fn check_lease(&self, tx: &Transaction, e: &mut Execution, now_ms: i64) -> Result<()> {
+    /// the retry policy, or CANCELLED if asked); otherwise the timer moves to the renewed
+    /// deadline. Returns whether the attempt's own timeout (not a lost lease) ended it.
+    fn check_lease(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        now_ms: i64,
+        wm: i64,
+    ) -> Result<bool> {
         if e.status != ExecutionStatus::Running as i32 {
-            return Ok(());
+            return Ok(false);
         }
         let deadline = attempt_deadline_ms(e);
-        if now_ms >= deadline {
-            let timed_out_by_timeout = e.attempt_timeout_ms > 0 && deadline < e.lease_expires_at_ms;
-            let error = ExecutionError {
-                message: if timed_out_by_timeout {
-                    format!(
-                        "attempt {} exceeded its timeout of {} ms",
-                        e.attempt_count, e.attempt_timeout_ms
-                    )
-                } else {
-                    format!(
-                        "attempt {} lost its lease: no heartbeat before {deadline} ms",
-                        e.attempt_count
-                    )
-                },
-                retryable: true,
-                code: if timed_out_by_timeout { "attempt_timeout" } else { "lease_expired" }.into(),
-            };
-            self.end_attempt_unsuccessfully(tx, e, AttemptEvent::TimeOut, error, now_ms).await
-        } else {
-            set_timer(tx, &self.ks, self.config.bucket_width_ms, e, TimerKind::LeaseCheck, deadline)
-                .await
+        if now_ms < deadline {
+            self.set_timer_with(tx, e, TimerKind::LeaseCheck, deadline, wm)?;
+            return Ok(false);
         }
+        let by_timeout = attempt_timeout_at_ms(e).is_some_and(|t| now_ms >= t);
+        let error = ExecutionError {
+            message: if by_timeout {
+                format!(
+                    "attempt {} exceeded its timeout of {} ms",
+                    e.attempt_count, e.attempt_timeout_ms
+                )
+            } else {
+                format!(
+                    "attempt {} lost its lease: no heartbeat before {deadline} ms",
+                    e.attempt_count
+                )
+            },
+            retryable: true,
+            code: if by_timeout { "attempt_timeout" } else { "lease_expired" }.into(),
+        };
+        self.end_attempt_unsuccessfully(tx, e, AttemptEvent::TimeOut, error, now_ms, wm)?;
+        Ok(by_timeout)
     }
 
     /// Processes one timer of `shard` (an execution supervisor's deadline), fenced by `epoch`
@@ -209,22 +401,75 @@ impl Scheduler {
         &self,
         shard: u32,
         epoch: u64,
-        timer: &crate::keys::TimerKey,
+        timer: &TimerKey,
         now_ms: i64,
     ) -> Result<Option<Fired>> {
         if timer.shard != shard || timer.fire_at_ms > now_ms {
             return Ok(None);
         }
+        let key = &self.ks.timer(timer);
         self.db
             .run(|tx| async move {
-                check_epoch(&tx, self, shard, epoch).await?;
-                let key = self.ks.timer(timer);
-                let Some(v) = tx.get(&key).await? else { return Ok(None) };
-                tx.clear(&key)?;
-                let entry: TimerEntry = decode("timer", &v)?;
-                self.fire_one(&tx, timer, &entry, now_ms).await
+                let (owner, wm, found) = futures_util::future::try_join3(
+                    check_epoch(&tx, self, Space::Executions, shard, epoch),
+                    watermark(&tx, &self.ks, shard),
+                    async { Ok(tx.get(key).await?) },
+                )
+                .await?;
+                let () = owner;
+                let Some(v) = found else { return Ok(None) };
+                let rows = vec![KeyValue { key: key.clone().into(), value: v }];
+                let Some(step) = self.steps(&tx, rows).await?.pop() else { return Ok(None) };
+                match step {
+                    Step::Stale => Ok(None),
+                    Step::Ready(mut e, t) => {
+                        let before = e.status;
+                        let event = if t.kind == TimerKind::Due as i32 {
+                            ExecutionEvent::Fire
+                        } else {
+                            ExecutionEvent::RetryDue
+                        };
+                        e.status = execution_transition(e.status(), event)? as i32;
+                        e.updated_at_ms = now_ms;
+                        self.enqueue_ready(&tx, &mut e, now_ms)?;
+                        self.save_execution(&tx, Some(before), &e)?;
+                        Ok(Some(fired(&e, &t, None, false)))
+                    }
+                    Step::LeaseCheck(mut e, t) => {
+                        let before = e.status;
+                        let timed_out = self.check_lease(&tx, &mut e, now_ms, wm)?;
+                        e.updated_at_ms = now_ms;
+                        self.save_execution(&tx, Some(before), &e)?;
+                        Ok(Some(fired(&e, &t, None, timed_out)))
+                    }
+                    Step::Quarantine { key, value, reason, ns, id } => {
+                        self.quarantine(&tx, shard, now_ms, key, value, reason, ns, id)?;
+                        Ok(None)
+                    }
+                }
             })
             .await
+    }
+
+    /// What a fire whose commit result was unknown, but which did commit, matched: the
+    /// grants of that try were given back when the retry began, so its claims are orphans for
+    /// the caller to hand to another waiting worker or release.
+    async fn fired_by_receipt(&self, tx: &Transaction, receipt: &[u8]) -> Result<FireOutcome> {
+        let taken: Vec<(String, String, u64)> = crate::tuple::unpack(receipt)
+            .map_err(|e| Error::Corrupt(format!("fire receipt: {e}")))?;
+        let loads = taken.iter().map(|(ns, id, _)| load_execution(tx, &self.ks, ns, id));
+        let found = futures_util::future::try_join_all(loads).await?;
+        let orphaned = taken
+            .iter()
+            .zip(found)
+            .filter_map(|((_, _, token), e)| {
+                e.filter(|e| {
+                    e.fencing_token == *token && e.status == ExecutionStatus::Running as i32
+                })
+            })
+            .map(Claimed::of)
+            .collect();
+        Ok(FireOutcome { orphaned, more: true, ..FireOutcome::default() })
     }
 
     /// The timers of `shard` with `after_ms < fire_at <= until_ms`, earliest first, at most
@@ -236,7 +481,7 @@ impl Scheduler {
         after_ms: i64,
         until_ms: i64,
         limit: usize,
-    ) -> Result<(Vec<crate::keys::TimerKey>, bool)> {
+    ) -> Result<(Vec<TimerKey>, bool)> {
         let width = self.config.bucket_width_ms;
         self.db
             .run(|tx| async move {
@@ -267,10 +512,26 @@ impl Scheduler {
             .run(|tx| async move {
                 let mut e = require_execution(&tx, &self.ks, ns, id).await?;
                 let before = e.status;
-                self.check_lease(&tx, &mut e, now_ms).await?;
-                save_execution(&tx, &self.ks, Some(before), &e)?;
+                let wm = watermark(&tx, &self.ks, e.shard).await?;
+                self.check_lease(&tx, &mut e, now_ms, wm)?;
+                self.save_execution(&tx, Some(before), &e)?;
                 Ok(e)
             })
             .await
+    }
+}
+
+fn fired(e: &Execution, t: &TimerKey, matched: Option<(Claimed, Grant)>, timed_out: bool) -> Fired {
+    Fired {
+        namespace: e.namespace.clone(),
+        execution_id: e.id.clone(),
+        kind: TimerKind::try_from(t.kind).unwrap_or(TimerKind::Unspecified),
+        fire_at_ms: t.fire_at_ms,
+        execute_at_ms: e.execute_at_ms,
+        status: e.status(),
+        queue: e.queue.clone(),
+        next_timer: super::timer_of(e),
+        matched,
+        timed_out,
     }
 }

@@ -7,13 +7,14 @@
 //! | open / create the cluster | here |
 //! | `submit` | [`submit`] |
 //! | `get`, `attempts`, `list` | [`query`] |
-//! | `cancel`, `request_cancel`, `replay` | [`control`] |
-//! | `fire_due`, `lease_check` | [`fire`] |
-//! | `claim` | [`claim`] |
-//! | `heartbeat`, `complete`, `fail` | [`worker`] |
+//! | `get_by_idempotency_key`, `quarantined` | [`query`] |
+//! | `cancel` (pending or running), `replay` | [`control`] |
+//! | `fire_due` (with matching to waiting workers), `fire_timer`, `lease_check` | [`fire`] |
+//! | `claim`, `claim_many` | [`claim`] |
+//! | attempts: `heartbeat(_many)`, `report_many` (`complete`, `fail`, `release`) | [`worker`] |
 //! | back-off | [`retry`] |
 //! | definitions | [`definitions`] |
-//! | shard leases, nodes | [`leases`] |
+//! | leased partitions, nodes | [`leases`] |
 
 pub mod claim;
 pub mod control;
@@ -49,11 +50,13 @@ pub struct ClusterParams {
     pub shard_count: u32,
     /// Width of a timer bucket, in milliseconds (1 minute by default).
     pub bucket_width_ms: i64,
+    /// Partitions of every ready queue and status count (at most `shard_count`).
+    pub ready_partitions: u32,
 }
 
 impl Default for ClusterParams {
     fn default() -> Self {
-        ClusterParams { shard_count: 1024, bucket_width_ms: 60_000 }
+        ClusterParams { shard_count: 1024, bucket_width_ms: 60_000, ready_partitions: 16 }
     }
 }
 
@@ -73,7 +76,9 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
-const FORMAT_VERSION: u32 = 1;
+/// The keyspace format this binary writes. Format 2 (partitioned leases, ready queues and
+/// counts; attempts stored when they end) cannot read format 1.
+const FORMAT_VERSION: u32 = 2;
 
 impl Scheduler {
     /// Opens the cluster stored in `db` under `ks`, creating it with `params` if it does not
@@ -94,6 +99,9 @@ impl Scheduler {
         if params.bucket_width_ms < 1_000 {
             return Err(error::invalid("bucket_width_ms", "must be at least 1000"));
         }
+        if params.ready_partitions == 0 || params.ready_partitions > params.shard_count {
+            return Err(error::invalid("ready_partitions", "must be between 1 and shard_count"));
+        }
         let now_ms = clock.now().as_millis();
         let config = db
             .run(|tx| {
@@ -107,6 +115,7 @@ impl Scheduler {
                         bucket_width_ms: params.bucket_width_ms,
                         created_at_ms: now_ms,
                         format_version: FORMAT_VERSION,
+                        ready_partitions: params.ready_partitions,
                     };
                     tx.set(&ks.cluster(), &encode(&config))?;
                     // Every shard starts with a watermark, so submits always clamp against one.
@@ -118,9 +127,10 @@ impl Scheduler {
                 }
             })
             .await?;
-        if config.format_version > FORMAT_VERSION {
-            return Err(Error::Corrupt(format!(
-                "cluster format version {} is newer than this binary's {FORMAT_VERSION}",
+        if config.format_version != FORMAT_VERSION {
+            return Err(Error::FailedPrecondition(format!(
+                "the store holds keyspace format {} and this binary reads format {FORMAT_VERSION} \
+                 only: use a binary of that format, or start from an empty data directory",
                 config.format_version
             )));
         }

@@ -1,12 +1,17 @@
 //! Reads: `get`, `attempts`, `list` (by status, definition or time range, paginated).
 
-use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
+use std::collections::BTreeMap;
+
+use kairos_proto::storage::v1::{
+    Attempt, Execution, ExecutionStatus, IdempotencyRecord, QuarantineRecord,
+};
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::limits::LIST_PAGE_MAX;
-use super::records::decode;
+use super::records::{decode, running_attempt};
 use crate::keys::Tag;
+use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
 
 /// A list query. Filters combine; the time range is on `execute_at`.
@@ -52,12 +57,45 @@ impl Scheduler {
         found.ok_or_else(|| Error::NotFound { what: "execution", id: id.to_string() })
     }
 
-    /// The attempts of an execution, first to last.
+    /// Looks an execution up by the idempotency key it was submitted with (a client that lost
+    /// the reply, or the cron service checking an occurrence).
+    pub async fn get_by_idempotency_key(&self, ns: &str, key: &str) -> Result<Execution> {
+        let found = self
+            .db
+            .run(|tx| async move {
+                let Some(v) = tx.snapshot_get(&self.ks.idempotency(ns, key)).await? else {
+                    return Ok::<_, Error>(None);
+                };
+                let rec: IdempotencyRecord = decode("idempotency", &v)?;
+                match tx.snapshot_get(&self.ks.execution(ns, &rec.execution_id)).await? {
+                    Some(v) => Ok(Some(decode::<Execution>("execution", &v)?)),
+                    None => Err(Error::Corrupt(format!("idempotency key {key:?} dangles"))),
+                }
+            })
+            .await?;
+        found.ok_or_else(|| Error::NotFound { what: "idempotency key", id: key.to_string() })
+    }
+
+    /// The attempts of an execution, first to last, the running one included.
     pub async fn attempts(&self, ns: &str, id: &str) -> Result<Vec<Attempt>> {
         self.db
             .run(|tx| async move {
-                let rows = tx.get_range(&self.ks.attempts(ns, id), true).await?;
-                rows.iter().map(|kv| decode("attempt", &kv.value)).collect::<Result<Vec<Attempt>>>()
+                let (rows, e) = futures_util::future::try_join(
+                    tx.get_range(&self.ks.attempts(ns, id), true),
+                    tx.snapshot_get(&self.ks.execution(ns, id)),
+                )
+                .await?;
+                let mut out = rows
+                    .iter()
+                    .map(|kv| decode("attempt", &kv.value))
+                    .collect::<Result<Vec<Attempt>>>()?;
+                if let Some(v) = e {
+                    let e: Execution = decode("execution", &v)?;
+                    if e.status == ExecutionStatus::Running as i32 {
+                        out.push(running_attempt(&e));
+                    }
+                }
+                Ok(out)
             })
             .await
     }
@@ -72,36 +110,51 @@ impl Scheduler {
                     .map_err(Error::from)
             })
             .await?;
-        let mut sums: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
-        for kv in rows {
-            let (_, status) = self.ks.parse_status_count(&kv.key)?;
-            *sums.entry(status).or_default() += crate::kv::decode_i64(Some(&kv.value));
-        }
-        Ok(sums
-            .into_iter()
-            .filter_map(|(s, n)| ExecutionStatus::try_from(s).ok().map(|s| (s, n)))
-            .collect())
+        self.sum_counts(rows)
     }
 
     /// How many executions of `ns` are in each status (kept by atomic counters, so exact and
     /// cheap at any scale).
     pub async fn status_counts(&self, ns: &str) -> Result<Vec<(ExecutionStatus, i64)>> {
+        let rows = self
+            .db
+            .run(|tx| async move {
+                tx.get_range(&self.ks.status_counts(ns), true).await.map_err(Error::from)
+            })
+            .await?;
+        self.sum_counts(rows)
+    }
+
+    /// Sums partitioned status counters by status.
+    fn sum_counts(&self, rows: Vec<crate::kv::KeyValue>) -> Result<Vec<(ExecutionStatus, i64)>> {
+        let mut sums: BTreeMap<i32, i64> = BTreeMap::new();
+        for kv in rows {
+            let (_, status, _) = self.ks.parse_status_count(&kv.key)?;
+            *sums.entry(status).or_default() += crate::kv::decode_i64(Some(&kv.value));
+        }
+        sums.into_iter()
+            .map(|(s, n)| {
+                ExecutionStatus::try_from(s)
+                    .map(|s| (s, n))
+                    .map_err(|_| Error::Corrupt(format!("status count of status {s}")))
+            })
+            .collect()
+    }
+
+    /// Records put aside as unprocessable, oldest first, at most `limit`.
+    pub async fn quarantined(&self, limit: usize) -> Result<Vec<QuarantineRecord>> {
+        let limit = limit.clamp(1, LIST_PAGE_MAX);
         self.db
             .run(|tx| async move {
-                let rows = tx.get_range(&self.ks.status_counts(ns), true).await?;
-                let mut out = Vec::new();
-                for kv in rows {
-                    let (_, status) = self.ks.parse_status_count(&kv.key)?;
-                    let status = ExecutionStatus::try_from(status)
-                        .map_err(|_| Error::Corrupt(format!("status count of status {status}")))?;
-                    out.push((status, crate::kv::decode_i64(Some(&kv.value))));
-                }
-                Ok(out)
+                let rows = tx.get_range(&self.ks.quarantined().limit(limit), true).await?;
+                rows.iter().map(|kv| decode("quarantine", &kv.value)).collect::<Result<Vec<_>>>()
             })
             .await
     }
 
-    /// Lists executions matching `q`, one page at a time.
+    /// Lists executions matching `q`, one page at a time. A page scans at most
+    /// [`LIST_SCAN_MAX`] index entries in one short transaction; when filters skip many rows it
+    /// may come back short (even empty) with a cursor: pass it back to go on.
     pub async fn list(&self, q: &ListQuery) -> Result<ListPage> {
         let limit = match q.limit {
             0 => 100,
@@ -127,41 +180,52 @@ impl Scheduler {
             }
             range.begin = c.clone();
         }
+        let range = &range;
         self.db
-            .run(|tx| {
-                let range = range.clone();
-                async move {
-                    let mut page = ListPage::default();
-                    let mut begin = range.begin.clone();
-                    // Filtering by definition on the status index may skip rows: scan in
-                    // chunks until the page is full or the range ends.
-                    loop {
-                        let chunk = crate::kv::RangeOption::new(begin.clone(), range.end.clone())
-                            .limit(limit - page.executions.len() + 1);
-                        let rows = tx.get_range(&chunk, true).await?;
-                        let n = rows.len();
-                        for kv in rows {
-                            if page.executions.len() == limit {
-                                page.next_cursor = Some(kv.key.to_vec());
-                                return Ok(page);
-                            }
-                            let id = self.ks.index_execution_id(tag, &kv.key)?;
-                            begin = key_after(&kv.key);
-                            let Some(v) = tx.snapshot_get(&self.ks.execution(ns, &id)).await?
-                            else {
-                                continue;
-                            };
-                            let e: Execution = decode("execution", &v)?;
-                            if q.definition.as_ref().is_none_or(|d| &e.definition_name == d) {
-                                page.executions.push(e);
-                            }
-                        }
-                        if n == 0 || page.executions.len() == limit {
+            .run(|tx| async move {
+                let mut page = ListPage::default();
+                let mut begin = range.begin.clone();
+                let mut scanned = 0;
+                // Filtering by definition on the status index may skip rows: scan in chunks
+                // until the page is full, the range ends, or the scan bound is reached.
+                loop {
+                    let want = (limit - page.executions.len() + 1).min(LIST_SCAN_MAX - scanned);
+                    let chunk = RangeOption::new(begin.clone(), range.end.clone()).limit(want);
+                    let rows = tx.get_range(&chunk, true).await?;
+                    let n = rows.len();
+                    scanned += n;
+                    let ids = rows
+                        .iter()
+                        .map(|kv| self.ks.index_execution_id(tag, &kv.key))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    let loads =
+                        ids.iter().map(|id| tx.snapshot_get_owned(self.ks.execution(ns, id)));
+                    let found = futures_util::future::try_join_all(loads).await?;
+                    for (kv, v) in rows.iter().zip(found) {
+                        if page.executions.len() == limit {
+                            page.next_cursor = Some(kv.key.to_vec());
                             return Ok(page);
                         }
+                        begin = key_after(&kv.key);
+                        let Some(v) = v else { continue };
+                        let e: Execution = decode("execution", &v)?;
+                        if q.definition.as_ref().is_none_or(|d| &e.definition_name == d) {
+                            page.executions.push(e);
+                        }
+                    }
+                    if n == 0 || n < want {
+                        return Ok(page); // the range ended
+                    }
+                    if page.executions.len() == limit || scanned >= LIST_SCAN_MAX {
+                        page.next_cursor = Some(begin.clone());
+                        return Ok(page);
                     }
                 }
             })
             .await
     }
 }
+
+/// Most index entries one list page scans (a page with sparse matches comes back short, with
+/// a cursor), so a page is one short transaction whatever the filters.
+pub const LIST_SCAN_MAX: usize = 5_000;

@@ -1,9 +1,13 @@
-//! Reading and writing records, and the bookkeeping that goes with them: the status index,
-//! timers (clamped to the shard watermark) and ready entries.
+//! Reading and writing execution records and the bookkeeping that goes with them: the status
+//! index and counts, timers (clamped to the shard watermark), ready entries, and the running
+//! attempt (kept on the execution until it ends).
 
-use kairos_proto::storage::v1::{Execution, TimerEntry, TimerKind, TimerRef};
+use kairos_proto::storage::v1::{
+    Attempt, AttemptStatus, Execution, ExecutionStatus, TimerEntry, TimerKind, TimerRef,
+};
 use prost::Message;
 
+use super::Scheduler;
 use super::error::{Error, Result};
 use crate::ids::bucket_of;
 use crate::keys::{Keyspace, ReadyKey, TimerKey};
@@ -42,26 +46,6 @@ pub(crate) async fn require_execution(
         .ok_or_else(|| Error::NotFound { what: "execution", id: id.to_string() })
 }
 
-/// Writes an execution, moving its status index entry if the status changed.
-pub(crate) fn save_execution(
-    tx: &Transaction,
-    ks: &Keyspace,
-    before_status: Option<i32>,
-    e: &Execution,
-) -> Result<()> {
-    if before_status != Some(e.status) {
-        if let Some(old) = before_status {
-            tx.clear(&ks.by_status(&e.namespace, old, e.execute_at_ms, &e.id))?;
-            tx.add_i64(&ks.status_count(&e.namespace, old), -1)?;
-        }
-        tx.set(&ks.by_status(&e.namespace, e.status, e.execute_at_ms, &e.id), b"")?;
-        // Atomic adds: counting adds no conflict between concurrent transitions.
-        tx.add_i64(&ks.status_count(&e.namespace, e.status), 1)?;
-    }
-    tx.set(&ks.execution(&e.namespace, &e.id), &encode(e))?;
-    Ok(())
-}
-
 /// A shard's watermark (read with a conflict: a timer written below a concurrently advanced
 /// watermark would never fire, so the two transactions must not both commit).
 pub(crate) async fn watermark(tx: &Transaction, ks: &Keyspace, shard: u32) -> Result<i64> {
@@ -86,63 +70,115 @@ pub(crate) fn timer_key(e: &Execution, t: &TimerRef) -> TimerKey {
     }
 }
 
-/// Sets the execution's timer (replacing any previous one). Its bucket is clamped up to the
-/// shard's watermark so it is always scanned.
-pub(crate) async fn set_timer(
-    tx: &Transaction,
-    ks: &Keyspace,
-    bucket_width_ms: i64,
-    e: &mut Execution,
-    kind: TimerKind,
-    fire_at_ms: i64,
-) -> Result<()> {
-    clear_timer(tx, ks, e)?;
-    let wm = watermark(tx, ks, e.shard).await?;
-    let bucket = bucket_of(fire_at_ms, bucket_width_ms).max(wm);
-    let t = TimerRef { fire_at_ms, bucket, kind: kind as i32 };
-    let entry = TimerEntry {
-        kind: kind as i32,
-        namespace: e.namespace.clone(),
-        attempt: e.attempt_count,
-        fencing_token: e.fencing_token,
-    };
-    tx.set(&ks.timer(&timer_key(e, &t)), &encode(&entry))?;
-    e.timer = Some(t);
-    Ok(())
-}
-
-/// Removes the execution's timer, if any.
-pub(crate) fn clear_timer(tx: &Transaction, ks: &Keyspace, e: &mut Execution) -> Result<()> {
-    if let Some(t) = e.timer.take() {
-        tx.clear(&ks.timer(&timer_key(e, &t)))?;
-    }
-    Ok(())
-}
-
-fn ready_key(e: &Execution) -> ReadyKey {
-    ReadyKey {
-        namespace: e.namespace.clone(),
-        queue: e.queue.clone(),
-        ready_at_ms: e.ready_at_ms,
+/// The running attempt of a RUNNING execution, as the execution carries it (the attempt record
+/// is only written when the attempt ends).
+pub(crate) fn running_attempt(e: &Execution) -> Attempt {
+    debug_assert_eq!(e.status, ExecutionStatus::Running as i32, "only a running attempt");
+    Attempt {
         execution_id: e.id.clone(),
+        number: e.attempt_count,
+        worker_id: e.worker_id.clone(),
+        lease_owner: e.worker_id.clone(),
+        lease_expires_at_ms: e.lease_expires_at_ms,
+        fencing_token: e.fencing_token,
+        started_at_ms: e.started_at_ms,
+        ended_at_ms: 0,
+        status: AttemptStatus::Running as i32,
+        error: None,
     }
 }
 
-/// Puts the execution on its ready queue and bumps the queue's ready signal.
-pub(crate) fn enqueue_ready(
-    tx: &Transaction,
-    ks: &Keyspace,
-    e: &mut Execution,
-    now_ms: i64,
-) -> Result<()> {
-    e.ready_at_ms = now_ms;
-    tx.set(&ks.ready(&ready_key(e)), b"")?;
-    tx.add_i64(&ks.ready_signal(&e.namespace, &e.queue), 1)?;
-    Ok(())
-}
+impl Scheduler {
+    /// The ready / count partition of an execution.
+    pub(crate) fn partition_of(&self, e: &Execution) -> u32 {
+        e.shard % self.config.ready_partitions.max(1)
+    }
 
-/// Takes the execution off its ready queue.
-pub(crate) fn dequeue_ready(tx: &Transaction, ks: &Keyspace, e: &Execution) -> Result<()> {
-    tx.clear(&ks.ready(&ready_key(e)))?;
-    Ok(())
+    /// Writes an execution, moving its status index entry and count if the status changed.
+    pub(crate) fn save_execution(
+        &self,
+        tx: &Transaction,
+        before_status: Option<i32>,
+        e: &Execution,
+    ) -> Result<()> {
+        let ks = &self.ks;
+        if before_status != Some(e.status) {
+            let part = self.partition_of(e);
+            if let Some(old) = before_status {
+                tx.clear(&ks.by_status(&e.namespace, old, e.execute_at_ms, &e.id))?;
+                tx.add_i64(&ks.status_count(&e.namespace, old, part), -1)?;
+            }
+            tx.set(&ks.by_status(&e.namespace, e.status, e.execute_at_ms, &e.id), b"")?;
+            // Atomic adds: counting adds no conflict between concurrent transitions, and the
+            // partition keeps any one counter from being written by every node.
+            tx.add_i64(&ks.status_count(&e.namespace, e.status, part), 1)?;
+        }
+        tx.set(&ks.execution(&e.namespace, &e.id), &encode(e))?;
+        Ok(())
+    }
+
+    /// Sets the execution's timer (replacing any previous one). Its bucket is clamped up to the
+    /// shard's watermark `wm` (read with a conflict in this transaction) so it is always
+    /// scanned.
+    pub(crate) fn set_timer_with(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        kind: TimerKind,
+        fire_at_ms: i64,
+        wm: i64,
+    ) -> Result<()> {
+        self.clear_timer(tx, e)?;
+        let bucket = bucket_of(fire_at_ms, self.config.bucket_width_ms).max(wm);
+        let t = TimerRef { fire_at_ms, bucket, kind: kind as i32 };
+        let entry = TimerEntry { kind: kind as i32, namespace: e.namespace.clone() };
+        tx.set(&self.ks.timer(&timer_key(e, &t)), &encode(&entry))?;
+        e.timer = Some(t);
+        debug_assert!(bucket >= wm, "a timer below its shard's watermark would never fire");
+        Ok(())
+    }
+
+    /// Removes the execution's timer, if any.
+    pub(crate) fn clear_timer(&self, tx: &Transaction, e: &mut Execution) -> Result<()> {
+        if let Some(t) = e.timer.take() {
+            tx.clear(&self.ks.timer(&timer_key(e, &t)))?;
+        }
+        Ok(())
+    }
+
+    fn ready_key(&self, e: &Execution) -> ReadyKey {
+        ReadyKey {
+            namespace: e.namespace.clone(),
+            queue: e.queue.clone(),
+            partition: self.partition_of(e),
+            ready_at_ms: e.ready_at_ms,
+            execution_id: e.id.clone(),
+        }
+    }
+
+    /// Puts the execution on its ready queue and bumps the partition's ready signal.
+    pub(crate) fn enqueue_ready(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        now_ms: i64,
+    ) -> Result<()> {
+        e.ready_at_ms = now_ms;
+        tx.set(&self.ks.ready(&self.ready_key(e)), b"")?;
+        tx.add_i64(&self.ks.ready_signal(&e.namespace, &e.queue, self.partition_of(e)), 1)?;
+        Ok(())
+    }
+
+    /// Takes the execution off its ready queue.
+    pub(crate) fn dequeue_ready(&self, tx: &Transaction, e: &Execution) -> Result<()> {
+        tx.clear(&self.ks.ready(&self.ready_key(e)))?;
+        Ok(())
+    }
+
+    /// Writes the attempt record of an attempt that ended.
+    pub(crate) fn save_attempt(&self, tx: &Transaction, ns: &str, a: &Attempt) -> Result<()> {
+        debug_assert_ne!(a.status, AttemptStatus::Running as i32, "only ended attempts are stored");
+        tx.set(&self.ks.attempt(ns, &a.execution_id, a.number), &encode(a))?;
+        Ok(())
+    }
 }

@@ -8,7 +8,10 @@ use super::error::{Error, Result, invalid};
 use super::limits::{
     EXECUTE_AT_FUTURE_MAX_MS, EXECUTE_AT_PAST_MAX_MS, IDEMPOTENCY_KEY_BYTES_MAX, INPUT_BYTES_MAX,
 };
-use super::records::{decode, encode, load_execution, save_execution, set_timer};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::records::{decode, encode, load_execution};
 use super::{Scheduler, definitions};
 use crate::ids::{fingerprint, new_execution_id, shard_of};
 use crate::kv::Transaction;
@@ -112,74 +115,18 @@ impl Scheduler {
         Ok(Prepared { req, id, shard, print })
     }
 
-    /// The transactional part of a submit: dedup, validate against the definition, write.
-    async fn submit_in(&self, tx: &Transaction, p: &Prepared, now_ms: i64) -> Result<Submitted> {
-        let (req, id, print) = (&p.req, &p.id, &p.print);
-        let ns = req.namespace.as_str();
-        if let Some(key) = &req.idempotency_key
-            && let Some(v) = tx.get(&self.ks.idempotency(ns, key)).await?
-        {
-            let rec: IdempotencyRecord = decode("idempotency", &v)?;
-            if &rec.fingerprint != print {
-                return Err(Error::IdempotencyConflict {
-                    key: key.clone(),
-                    execution_id: rec.execution_id,
-                });
-            }
-            let existing = load_execution(tx, &self.ks, ns, &rec.execution_id)
-                .await?
-                .ok_or_else(|| Error::Corrupt(format!("idempotency key {key:?} dangles")))?;
-            return Ok(Submitted { execution: existing, created: false });
-        }
-        // A retry after an unknown commit result finds its own execution.
-        if let Some(existing) = load_execution(tx, &self.ks, ns, id).await? {
-            if &existing.request_fingerprint != print {
-                // Two submitters drew the same id (80 random bits per ms): refuse rather
-                // than answer with someone else's execution.
-                return Err(Error::Corrupt(format!(
-                    "execution id {id} collided with another request; submit again"
-                )));
-            }
-            return Ok(Submitted { execution: existing, created: false });
-        }
-        let def = definitions::load(tx, &self.ks, ns, &req.definition, req.definition_version)
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: "definition",
-                id: format!(
-                    "registry://jobs/{} version {}",
-                    req.definition, req.definition_version
-                ),
-            })?;
-        let snapshot = crate::definition::validate_inputs(&def, &req.inputs)
-            .map_err(|e| invalid(e.field(), e.reason()))?;
-        let mut e = new_execution(&def, req, id, p.shard, now_ms, &snapshot)?;
-        e.request_fingerprint = print.clone();
-        let at = e.execute_at_ms;
-        set_timer(tx, &self.ks, self.config.bucket_width_ms, &mut e, TimerKind::Due, at).await?;
-        save_execution(tx, &self.ks, None, &e)?;
-        tx.set(&self.ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id), b"")?;
-        tx.set(&self.ks.by_time(ns, e.execute_at_ms, id), b"")?;
-        if let Some(key) = &req.idempotency_key {
-            let rec = IdempotencyRecord { execution_id: id.clone(), fingerprint: print.clone() };
-            tx.set(&self.ks.idempotency(ns, key), &encode(&rec))?;
-        }
-        Ok(Submitted { execution: e, created: true })
-    }
-
     /// Submits an execution. Idempotent: a retry of the same call (same idempotency key, or
     /// the same generated id inside the retry loop) returns the same execution.
     pub async fn submit(&self, req: SubmitRequest) -> Result<Submitted> {
-        let now_ms = self.clock.now().as_millis();
-        let p = &self.prepare(req, now_ms)?;
-        self.db.run(|tx| async move { self.submit_in(&tx, p, now_ms).await }).await
+        let mut out = self.submit_batch(vec![req]).await?;
+        out.pop().unwrap_or_else(|| Err(Error::Corrupt("submit result missing".into())))
     }
 
     /// Submits up to [`SUBMIT_BATCH_MAX`] executions in one transaction (one fsync for all on
-    /// the embedded backend). Each request gets its own result: a request that fails
-    /// validation, names an unknown definition or conflicts on its idempotency key is
-    /// reported and the others are still written. Duplicates of one idempotency key inside
-    /// the batch resolve to one execution.
+    /// the embedded backend), its reads issued concurrently. Each request gets its own result:
+    /// a request that fails validation, names an unknown definition or conflicts on its
+    /// idempotency key is reported and the others are still written. Duplicates of one
+    /// idempotency key inside the batch resolve to one execution.
     pub async fn submit_batch(&self, reqs: Vec<SubmitRequest>) -> Result<Vec<Result<Submitted>>> {
         if reqs.len() > SUBMIT_BATCH_MAX {
             return Err(invalid(
@@ -190,25 +137,200 @@ impl Scheduler {
         let now_ms = self.clock.now().as_millis();
         let prepared: Vec<Result<Prepared>> =
             reqs.into_iter().map(|r| self.prepare(r, now_ms)).collect();
+        // The first request of each idempotency key is written; later ones with the same key
+        // answer from it (same request: the same execution; another request: a conflict).
+        let mut first_of_key: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        let mut first: Vec<Option<usize>> = Vec::with_capacity(prepared.len());
+        for (i, p) in prepared.iter().enumerate() {
+            let dup = match p {
+                Ok(p) => p.req.idempotency_key.as_deref().and_then(|k| {
+                    let key = (p.req.namespace.as_str(), k);
+                    match first_of_key.get(&key) {
+                        Some(j) => Some(*j),
+                        None => {
+                            first_of_key.insert(key, i);
+                            None
+                        }
+                    }
+                }),
+                Err(_) => None,
+            };
+            first.push(dup);
+        }
+        let prepared = &prepared;
+        let first = &first;
         self.db
-            .run(|tx| {
-                let prepared = &prepared;
-                async move {
-                    let mut out = Vec::with_capacity(prepared.len());
-                    for p in prepared {
-                        out.push(match p {
+            .run(|tx| async move {
+                let unique: Vec<&Prepared> = prepared
+                    .iter()
+                    .zip(first)
+                    .filter_map(|(p, f)| p.as_ref().ok().filter(|_| f.is_none()))
+                    .collect();
+                let found = self.submit_reads(&tx, &unique).await?;
+                let mut found = found.into_iter();
+                let mut out: Vec<Result<Submitted>> = Vec::with_capacity(prepared.len());
+                for (i, p) in prepared.iter().enumerate() {
+                    let r = match (p, first[i]) {
+                        (Err(e), _) => Err(e.clone()),
+                        (Ok(p), Some(j)) => match &prepared[j] {
+                            Ok(f) => same_key(p, f, &out[j]),
                             Err(e) => Err(e.clone()),
-                            Ok(p) => match self.submit_in(&tx, p, now_ms).await {
-                                // Store errors abort the whole transaction (and are retried).
+                        },
+                        (Ok(p), None) => {
+                            let f = found
+                                .next()
+                                .ok_or_else(|| Error::Corrupt("submit read missing".into()))?;
+                            match self.submit_one(&tx, p, f, now_ms) {
                                 Err(Error::Kv(e)) => return Err(Error::Kv(e)),
                                 r => r,
-                            },
-                        });
-                    }
-                    Ok(out)
+                            }
+                        }
+                    };
+                    out.push(r);
                 }
+                Ok(out)
             })
             .await
+    }
+
+    /// Everything the submits of a batch read, issued concurrently: the definitions and shard
+    /// watermarks they need once each, and each request's idempotency key and generated id.
+    async fn submit_reads(&self, tx: &Transaction, items: &[&Prepared]) -> Result<Vec<Found>> {
+        let defs: BTreeSet<(&str, &str, u32)> = items
+            .iter()
+            .map(|p| {
+                (p.req.namespace.as_str(), p.req.definition.as_str(), p.req.definition_version)
+            })
+            .collect();
+        let def_loads = defs.iter().map(|(ns, name, v)| async move {
+            let d = definitions::load(tx, &self.ks, ns, name, *v).await?;
+            Ok::<_, Error>(((*ns, *name, *v), d.map(Arc::new)))
+        });
+        let shards: BTreeSet<u32> = items.iter().map(|p| p.shard).collect();
+        let item_loads = items.iter().map(|p| async move {
+            let ns = p.req.namespace.as_str();
+            let idem = async {
+                match &p.req.idempotency_key {
+                    Some(key) => match tx.get(&self.ks.idempotency(ns, key)).await? {
+                        Some(v) => {
+                            let rec: IdempotencyRecord = decode("idempotency", &v)?;
+                            let e = load_execution(tx, &self.ks, ns, &rec.execution_id).await?;
+                            Ok::<_, Error>(Some((rec, e)))
+                        }
+                        None => Ok(None),
+                    },
+                    None => Ok(None),
+                }
+            };
+            let own = load_execution(tx, &self.ks, ns, &p.id);
+            futures_util::future::try_join(idem, own).await
+        });
+        let (defs, wms, per_item) = futures_util::future::try_join3(
+            futures_util::future::try_join_all(def_loads),
+            self.watermarks(tx, shards),
+            futures_util::future::try_join_all(item_loads),
+        )
+        .await?;
+        let defs: BTreeMap<(&str, &str, u32), Option<Arc<JobDefinition>>> =
+            defs.into_iter().collect();
+        Ok(items
+            .iter()
+            .zip(per_item)
+            .map(|(p, (idem, own))| Found {
+                idem,
+                own,
+                def: defs
+                    .get(&(
+                        p.req.namespace.as_str(),
+                        p.req.definition.as_str(),
+                        p.req.definition_version,
+                    ))
+                    .cloned()
+                    .flatten(),
+                wm: wms.get(&p.shard).copied().unwrap_or(i64::MIN),
+            })
+            .collect())
+    }
+
+    /// The writes of one submit, given what it read: dedup, validate against the definition,
+    /// write the execution, its timer, indexes and idempotency record.
+    fn submit_one(
+        &self,
+        tx: &Transaction,
+        p: &Prepared,
+        f: Found,
+        now_ms: i64,
+    ) -> Result<Submitted> {
+        let (req, id, print) = (&p.req, &p.id, &p.print);
+        let ns = req.namespace.as_str();
+        if let (Some(key), Some((rec, existing))) = (&req.idempotency_key, f.idem) {
+            if &rec.fingerprint != print {
+                return Err(Error::IdempotencyConflict {
+                    key: key.clone(),
+                    execution_id: rec.execution_id,
+                });
+            }
+            let existing = existing
+                .ok_or_else(|| Error::Corrupt(format!("idempotency key {key:?} dangles")))?;
+            return Ok(Submitted { execution: existing, created: false });
+        }
+        // A retry after an unknown commit result finds its own execution.
+        if let Some(existing) = f.own {
+            if &existing.request_fingerprint != print {
+                // Two submitters drew the same id (80 random bits per ms): refuse rather
+                // than answer with someone else's execution.
+                return Err(Error::Corrupt(format!(
+                    "execution id {id} collided with another request; submit again"
+                )));
+            }
+            return Ok(Submitted { execution: existing, created: false });
+        }
+        let def = f.def.ok_or_else(|| Error::NotFound {
+            what: "definition",
+            id: format!("registry://jobs/{} version {}", req.definition, req.definition_version),
+        })?;
+        let snapshot = crate::definition::validate_inputs(&def, &req.inputs)
+            .map_err(|e| invalid(e.field(), e.reason()))?;
+        let mut e = new_execution(&def, req, id, p.shard, now_ms, &snapshot)?;
+        e.request_fingerprint = print.clone();
+        let at = e.execute_at_ms;
+        self.set_timer_with(tx, &mut e, TimerKind::Due, at, f.wm)?;
+        self.save_execution(tx, None, &e)?;
+        tx.set(&self.ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id), b"")?;
+        tx.set(&self.ks.by_time(ns, e.execute_at_ms, id), b"")?;
+        if let Some(key) = &req.idempotency_key {
+            let rec = IdempotencyRecord { execution_id: id.clone(), fingerprint: print.clone() };
+            tx.set(&self.ks.idempotency(ns, key), &encode(&rec))?;
+        }
+        Ok(Submitted { execution: e, created: true })
+    }
+}
+
+/// What one submit read.
+struct Found {
+    /// The idempotency record of its key, and the execution it names.
+    idem: Option<(IdempotencyRecord, Option<Execution>)>,
+    /// An execution already stored under its generated id (a retried try that committed).
+    own: Option<Execution>,
+    /// Its definition version.
+    def: Option<Arc<JobDefinition>>,
+    /// Its shard's watermark.
+    wm: i64,
+}
+
+/// The answer to a later request of the batch with the same idempotency key as `first`.
+fn same_key(p: &Prepared, first: &Prepared, first_result: &Result<Submitted>) -> Result<Submitted> {
+    let key = p.req.idempotency_key.clone().unwrap_or_default();
+    match first_result {
+        Ok(s) if p.print == first.print => {
+            Ok(Submitted { execution: s.execution.clone(), created: false })
+        }
+        Ok(s) => Err(Error::IdempotencyConflict { key, execution_id: s.execution.id.clone() }),
+        Err(e) if p.print == first.print => Err(e.clone()),
+        Err(_) => Err(invalid(
+            "idempotencyKey",
+            format!("{key:?} is used twice in this batch for different requests"),
+        )),
     }
 }
 

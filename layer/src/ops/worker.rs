@@ -1,5 +1,12 @@
-//! Worker results: `heartbeat`, `complete`, `fail` — all fenced by the attempt's token — and
-//! what happens after an attempt ends unsuccessfully (retry with back-off, or FAILED).
+//! Attempts: how one starts (a claim, or a fire matched to a waiting worker), and the worker's
+//! side — heartbeats and results (success, failure, release), all fenced by the attempt's
+//! token, one at a time or many in one transaction — and what follows an attempt that ended
+//! unsuccessfully (retry with back-off, FAILED, or CANCELLED when a client asked for it).
+//!
+//! The running attempt lives on the execution record (`worker_id`, `started_at_ms`, lease,
+//! token); its attempt record is written once, when it ends.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use kairos_proto::storage::v1::{
     Attempt, AttemptStatus, Execution, ExecutionError, ExecutionStatus, TimerKind,
@@ -7,13 +14,46 @@ use kairos_proto::storage::v1::{
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::limits::{ERROR_MESSAGE_BYTES_MAX, OUTPUT_BYTES_MAX, OUTPUT_REFERENCE_BYTES_MAX};
-use super::records::{clear_timer, decode, encode, require_execution, save_execution, set_timer};
+use super::limits::{
+    ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
+    OUTPUT_REFERENCE_BYTES_MAX,
+};
+use super::records::{decode, load_execution, running_attempt, watermark};
 use super::retry::retry_delay_ms;
 use crate::kv::Transaction;
 use crate::state::{AttemptEvent, ExecutionEvent, attempt_transition, execution_transition};
 
-/// A successful attempt's result.
+/// How an attempt ended, as its worker reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It succeeded.
+    Success {
+        /// Inline output (JSON, may be empty).
+        output_json: Vec<u8>,
+        /// Where a larger output lives (may be empty).
+        output_reference: String,
+    },
+    /// It failed; `retryable` decides whether another attempt follows.
+    Failure(ExecutionError),
+    /// The worker gives it back without having started it (shutting down, or it never reached
+    /// a handler): READY again at once, not counted against the retry budget.
+    Release,
+}
+
+/// A worker's result for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Namespace.
+    pub namespace: String,
+    /// The execution.
+    pub execution_id: String,
+    /// The attempt's fencing token.
+    pub token: u64,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// A successful attempt's result (the single-item form of [`Report`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
     /// Namespace.
@@ -28,26 +68,46 @@ pub struct Completion {
     pub output_reference: String,
 }
 
-/// Most completions one `complete_many` takes.
-pub const COMPLETE_BATCH_MAX: usize = 1_000;
+impl From<Completion> for Report {
+    fn from(c: Completion) -> Report {
+        Report {
+            namespace: c.namespace,
+            execution_id: c.execution_id,
+            token: c.token,
+            outcome: Outcome::Success {
+                output_json: c.output_json,
+                output_reference: c.output_reference,
+            },
+        }
+    }
+}
 
-fn check_completion(c: &Completion) -> Result<()> {
-    if c.output_json.len() > OUTPUT_BYTES_MAX {
-        return Err(invalid(
-            "output",
-            format!("is {} bytes, the limit is {OUTPUT_BYTES_MAX}", c.output_json.len()),
-        ));
-    }
-    if !c.output_json.is_empty()
-        && serde_json::from_slice::<serde_json::Value>(&c.output_json).is_err()
-    {
-        return Err(invalid("output", "must be JSON"));
-    }
-    if c.output_reference.len() > OUTPUT_REFERENCE_BYTES_MAX {
-        return Err(invalid(
-            "outputReference",
-            format!("is over {OUTPUT_REFERENCE_BYTES_MAX} bytes"),
-        ));
+/// Most results one `report_many` takes.
+pub const REPORT_BATCH_MAX: usize = 1_000;
+/// Most completions one `complete_many` takes.
+pub const COMPLETE_BATCH_MAX: usize = REPORT_BATCH_MAX;
+/// Most heartbeats one `heartbeat_many` takes.
+pub const HEARTBEAT_BATCH_MAX: usize = 1_000;
+
+fn check_report(r: &Report) -> Result<()> {
+    if let Outcome::Success { output_json, output_reference } = &r.outcome {
+        if output_json.len() > OUTPUT_BYTES_MAX {
+            return Err(invalid(
+                "output",
+                format!("is {} bytes, the limit is {OUTPUT_BYTES_MAX}", output_json.len()),
+            ));
+        }
+        if !output_json.is_empty()
+            && serde_json::from_slice::<serde_json::Value>(output_json).is_err()
+        {
+            return Err(invalid("output", "must be JSON"));
+        }
+        if output_reference.len() > OUTPUT_REFERENCE_BYTES_MAX {
+            return Err(invalid(
+                "outputReference",
+                format!("is over {OUTPUT_REFERENCE_BYTES_MAX} bytes"),
+            ));
+        }
     }
     Ok(())
 }
@@ -61,19 +121,31 @@ pub struct HeartbeatOutcome {
     pub cancel_requested: bool,
 }
 
+/// One heartbeat of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    /// Namespace.
+    pub namespace: String,
+    /// The execution.
+    pub execution_id: String,
+    /// The attempt's fencing token.
+    pub token: u64,
+}
+
 /// The end of an attempt's deadline: its lease, or the attempt timeout if sooner.
 pub(crate) fn attempt_deadline_ms(e: &Execution) -> i64 {
     let lease = e.lease_expires_at_ms;
-    if e.attempt_timeout_ms > 0 {
-        let timeout = e.started_at_ms.saturating_add(e.attempt_timeout_ms as i64);
-        lease.min(timeout)
-    } else {
-        lease
+    match attempt_timeout_at_ms(e) {
+        Some(timeout) => lease.min(timeout),
+        None => lease,
     }
 }
 
-fn status_name(status: i32) -> &'static str {
-    ExecutionStatus::try_from(status).map(|s| s.as_str_name()).unwrap_or("UNKNOWN")
+/// When the running attempt's own timeout (`attempt_timeout_ms`) runs out, if it has one.
+pub(crate) fn attempt_timeout_at_ms(e: &Execution) -> Option<i64> {
+    (e.attempt_timeout_ms > 0).then(|| {
+        e.started_at_ms.saturating_add(i64::try_from(e.attempt_timeout_ms).unwrap_or(i64::MAX))
+    })
 }
 
 /// Truncates an error message to the kept size, on a character boundary.
@@ -88,28 +160,18 @@ fn bounded(mut error: ExecutionError) -> ExecutionError {
     error
 }
 
+/// Reads an ended attempt's record.
 pub(crate) async fn load_attempt(
     tx: &Transaction,
     sched: &Scheduler,
-    e: &Execution,
-) -> Result<Attempt> {
-    let key = sched.ks.attempt(&e.namespace, &e.id, e.attempt_count);
-    match tx.get(&key).await? {
-        Some(v) => decode("attempt", &v),
-        None => {
-            Err(Error::Corrupt(format!("execution {} lacks attempt {}", e.id, e.attempt_count)))
-        }
-    }
-}
-
-pub(crate) fn save_attempt(
-    tx: &Transaction,
-    sched: &Scheduler,
-    a: &Attempt,
     ns: &str,
-) -> Result<()> {
-    tx.set(&sched.ks.attempt(ns, &a.execution_id, a.number), &encode(a))?;
-    Ok(())
+    id: &str,
+    number: u32,
+) -> Result<Option<Attempt>> {
+    match tx.get(&sched.ks.attempt(ns, id, number)).await? {
+        Some(v) => Ok(Some(decode("attempt", &v)?)),
+        None => Ok(None),
+    }
 }
 
 /// Fails with `FencedOut` unless `token` is the running attempt's.
@@ -127,37 +189,104 @@ fn fence(e: &Execution, token: u64) -> Result<()> {
             execution_id: e.id.clone(),
             token,
             current: e.fencing_token,
-            reason: format!("the attempt is over (execution is {})", status_name(e.status)),
+            reason: format!(
+                "the attempt is over (execution is {})",
+                crate::state::status_name(e.status)
+            ),
         });
     }
     Ok(())
 }
 
+/// Checks an attempt lease length.
+pub(crate) fn check_lease_ms(lease_ms: Option<u64>) -> Result<()> {
+    if let Some(l) = lease_ms
+        && !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&l)
+    {
+        return Err(invalid(
+            "leaseMs",
+            format!("must be between {LEASE_MS_MIN} and {LEASE_MS_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
 impl Scheduler {
-    /// Ends the current attempt with `event` and applies the retry policy: another attempt
-    /// after a full-jitter back-off if `retryable` and attempts remain, else FAILED.
-    pub(crate) async fn end_attempt_unsuccessfully(
+    /// Reads the watermarks of `shards` concurrently (each with a conflict).
+    pub(crate) async fn watermarks(
+        &self,
+        tx: &Transaction,
+        shards: BTreeSet<u32>,
+    ) -> Result<BTreeMap<u32, i64>> {
+        let reads = shards
+            .into_iter()
+            .map(|s| async move { Ok::<_, Error>((s, watermark(tx, &self.ks, s).await?)) });
+        Ok(futures_util::future::try_join_all(reads).await?.into_iter().collect())
+    }
+
+    /// READY → RUNNING: a new attempt with the next fencing token, a lease and its check
+    /// timer (`wm` is the execution's shard watermark, read in this transaction). `stored` is
+    /// the status the store holds, which the status index moves from: READY for a claim, the
+    /// state before firing for a fire matched to a waiting worker (READY is then never stored).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_attempt(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        stored: i32,
+        worker_id: &str,
+        lease_ms: Option<u64>,
+        now_ms: i64,
+        wm: i64,
+    ) -> Result<()> {
+        e.status = execution_transition(e.status(), ExecutionEvent::Claim)? as i32;
+        e.attempt_count += 1;
+        e.fencing_token += 1;
+        e.worker_id = worker_id.to_string();
+        e.started_at_ms = now_ms;
+        e.updated_at_ms = now_ms;
+        let lease = lease_ms.unwrap_or(e.lease_ms).clamp(LEASE_MS_MIN, LEASE_MS_MAX);
+        e.lease_ms = lease;
+        e.lease_expires_at_ms = now_ms.saturating_add(lease as i64);
+        e.lease_expires_at_ms = attempt_deadline_ms(e);
+        let deadline = e.lease_expires_at_ms;
+        self.set_timer_with(tx, e, TimerKind::LeaseCheck, deadline, wm)?;
+        self.save_execution(tx, Some(stored), e)?;
+        assert!(e.status == ExecutionStatus::Running as i32 && e.timer.is_some());
+        Ok(())
+    }
+
+    /// Ends the running attempt with `event` (writing its record) and moves the execution on:
+    /// CANCELLED if a client asked for that; otherwise another attempt after a full-jitter
+    /// back-off if the error is retryable and attempts remain, else FAILED. `wm` is the
+    /// execution's shard watermark, read in this transaction.
+    pub(crate) fn end_attempt_unsuccessfully(
         &self,
         tx: &Transaction,
         e: &mut Execution,
         event: AttemptEvent,
         error: ExecutionError,
         now_ms: i64,
+        wm: i64,
     ) -> Result<()> {
         let error = bounded(error);
-        let mut a = load_attempt(tx, self, e).await?;
-        a.status = attempt_transition(a.status(), event)? as i32;
-        a.ended_at_ms = now_ms;
-        a.error = Some(error.clone());
-        save_attempt(tx, self, &a, &e.namespace)?;
-        clear_timer(tx, &self.ks, e)?;
+        let event = if e.cancel_requested && event == AttemptEvent::Fail {
+            AttemptEvent::Cancel
+        } else {
+            event
+        };
+        self.end_attempt(tx, e, event, Some(error.clone()), now_ms)?;
         let policy = e.retry_policy.unwrap_or_default();
-        let used = e.attempt_count.saturating_sub(e.attempt_base);
-        if error.retryable && used < policy.max_attempts {
+        let used =
+            e.attempt_count.saturating_sub(e.attempt_base).saturating_sub(e.attempts_released);
+        if e.cancel_requested {
+            e.status = execution_transition(e.status(), ExecutionEvent::Cancel)? as i32;
+            e.finished_at_ms = now_ms;
+        } else if error.retryable && used < policy.max_attempts {
             e.status = execution_transition(e.status(), ExecutionEvent::Retry)? as i32;
             let delay = retry_delay_ms(&policy, used, &self.rng);
             let at = now_ms.saturating_add(i64::try_from(delay).unwrap_or(i64::MAX));
-            set_timer(tx, &self.ks, self.config.bucket_width_ms, e, TimerKind::Retry, at).await?;
+            self.set_timer_with(tx, e, TimerKind::Retry, at, wm)?;
         } else {
             e.status = execution_transition(e.status(), ExecutionEvent::Fail)? as i32;
             e.finished_at_ms = now_ms;
@@ -168,36 +297,81 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Writes the record of the running attempt as ended by `event` and clears its lease check.
+    fn end_attempt(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        event: AttemptEvent,
+        error: Option<ExecutionError>,
+        now_ms: i64,
+    ) -> Result<()> {
+        let mut a = running_attempt(e);
+        a.status = attempt_transition(a.status(), event)? as i32;
+        a.ended_at_ms = now_ms;
+        a.error = error;
+        self.save_attempt(tx, &e.namespace, &a)?;
+        self.clear_timer(tx, e)?;
+        Ok(())
+    }
+
     /// Extends the current attempt's lease. Fenced: a stale token changes nothing.
     pub async fn heartbeat(&self, ns: &str, id: &str, token: u64) -> Result<HeartbeatOutcome> {
+        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token };
+        self.heartbeat_many(vec![beat])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Corrupt("heartbeat result missing".into())))
+    }
+
+    /// Extends many attempts' leases in one transaction; each gets its own result.
+    pub async fn heartbeat_many(&self, beats: Vec<Beat>) -> Result<Vec<Result<HeartbeatOutcome>>> {
+        if beats.len() > HEARTBEAT_BATCH_MAX {
+            return Err(invalid("heartbeats", format!("at most {HEARTBEAT_BATCH_MAX} per call")));
+        }
         let now_ms = self.clock.now().as_millis();
+        let beats = &beats;
         self.db
             .run(|tx| async move {
-                let mut e = require_execution(&tx, &self.ks, ns, id).await?;
-                fence(&e, token)?;
-                let before = e.status;
-                let old_expiry = e.lease_expires_at_ms;
-                e.lease_expires_at_ms = now_ms.saturating_add(e.lease_ms as i64);
-                e.lease_expires_at_ms = attempt_deadline_ms(&e).max(old_expiry);
-                if e.lease_expires_at_ms == old_expiry {
-                    // Nothing to extend (a repeat within the same millisecond, or the attempt
-                    // timeout caps the lease): write nothing.
-                    return Ok(HeartbeatOutcome {
-                        lease_expires_at_ms: e.lease_expires_at_ms,
-                        cancel_requested: e.cancel_requested,
+                let loads = beats
+                    .iter()
+                    .map(|b| load_execution(&tx, &self.ks, &b.namespace, &b.execution_id));
+                let found = futures_util::future::try_join_all(loads).await?;
+                let mut out = Vec::with_capacity(beats.len());
+                for (b, e) in beats.iter().zip(found) {
+                    out.push(match e {
+                        None => {
+                            Err(Error::NotFound { what: "execution", id: b.execution_id.clone() })
+                        }
+                        Some(mut e) => self.beat(&tx, &mut e, b.token, now_ms),
                     });
                 }
-                e.updated_at_ms = now_ms;
-                let mut a = load_attempt(&tx, self, &e).await?;
-                a.lease_expires_at_ms = e.lease_expires_at_ms;
-                save_attempt(&tx, self, &a, ns)?;
-                save_execution(&tx, &self.ks, Some(before), &e)?;
-                Ok(HeartbeatOutcome {
-                    lease_expires_at_ms: e.lease_expires_at_ms,
-                    cancel_requested: e.cancel_requested,
-                })
+                Ok(out)
             })
             .await
+    }
+
+    fn beat(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        token: u64,
+        now_ms: i64,
+    ) -> Result<HeartbeatOutcome> {
+        fence(e, token)?;
+        let old_expiry = e.lease_expires_at_ms;
+        e.lease_expires_at_ms = now_ms.saturating_add(e.lease_ms as i64);
+        e.lease_expires_at_ms = attempt_deadline_ms(e).max(old_expiry);
+        if e.lease_expires_at_ms != old_expiry {
+            // Otherwise nothing to extend (a repeat within the same millisecond, or the attempt
+            // timeout caps the lease): write nothing.
+            e.updated_at_ms = now_ms;
+            self.save_execution(tx, Some(e.status), e)?;
+        }
+        Ok(HeartbeatOutcome {
+            lease_expires_at_ms: e.lease_expires_at_ms,
+            cancel_requested: e.cancel_requested,
+        })
     }
 
     /// Completes the current attempt successfully. Fenced; idempotent for the same token.
@@ -216,72 +390,17 @@ impl Scheduler {
             output_json,
             output_reference,
         };
-        check_completion(&c)?;
-        let now_ms = self.clock.now().as_millis();
-        let c = &c;
-        self.db.run(|tx| async move { self.complete_in(&tx, c, now_ms).await }).await
+        self.report_one(c.into()).await
     }
 
-    /// Completes many attempts in one transaction (one commit for all); each gets its own
-    /// result (a fenced-out one does not stop the others).
+    /// Completes many attempts in one transaction; each gets its own result.
     pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<Execution>>> {
-        if items.len() > COMPLETE_BATCH_MAX {
-            return Err(invalid("completions", format!("at most {COMPLETE_BATCH_MAX} per call")));
-        }
-        let checked: Vec<Result<Completion>> =
-            items.into_iter().map(|c| check_completion(&c).map(|()| c)).collect();
-        let now_ms = self.clock.now().as_millis();
-        self.db
-            .run(|tx| {
-                let checked = &checked;
-                async move {
-                    let mut out = Vec::with_capacity(checked.len());
-                    for c in checked {
-                        out.push(match c {
-                            Err(e) => Err(e.clone()),
-                            Ok(c) => match self.complete_in(&tx, c, now_ms).await {
-                                Err(Error::Kv(e)) => return Err(Error::Kv(e)),
-                                r => r,
-                            },
-                        });
-                    }
-                    Ok(out)
-                }
-            })
-            .await
-    }
-
-    async fn complete_in(
-        &self,
-        tx: &Transaction,
-        c: &Completion,
-        now_ms: i64,
-    ) -> Result<Execution> {
-        let (ns, id, token) = (c.namespace.as_str(), c.execution_id.as_str(), c.token);
-        let mut e = require_execution(tx, &self.ks, ns, id).await?;
-        if e.fencing_token == token && e.status == ExecutionStatus::Succeeded as i32 {
-            return Ok(e); // this completion already committed
-        }
-        fence(&e, token)?;
-        let before = e.status;
-        let mut a = load_attempt(tx, self, &e).await?;
-        a.status = attempt_transition(a.status(), AttemptEvent::Succeed)? as i32;
-        a.ended_at_ms = now_ms;
-        save_attempt(tx, self, &a, ns)?;
-        clear_timer(tx, &self.ks, &mut e)?;
-        e.status = execution_transition(e.status(), ExecutionEvent::Succeed)? as i32;
-        e.output_json = c.output_json.clone();
-        e.output_reference = c.output_reference.clone();
-        e.error = None;
-        e.finished_at_ms = now_ms;
-        e.updated_at_ms = now_ms;
-        e.lease_expires_at_ms = 0;
-        save_execution(tx, &self.ks, Some(before), &e)?;
-        Ok(e)
+        self.report_many(items.into_iter().map(Report::from).collect()).await
     }
 
     /// Fails the current attempt. Retryable errors lead to another attempt after a back-off
-    /// while attempts remain; otherwise the execution is FAILED. Fenced; idempotent.
+    /// while attempts remain; otherwise the execution is FAILED (CANCELLED if a client asked
+    /// for cancellation). Fenced; idempotent.
     pub async fn fail(
         &self,
         ns: &str,
@@ -289,26 +408,164 @@ impl Scheduler {
         token: u64,
         error: ExecutionError,
     ) -> Result<Execution> {
+        let r = Report {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            outcome: Outcome::Failure(error),
+        };
+        self.report_one(r).await
+    }
+
+    /// Gives the current attempt back unstarted: READY again at once, not counted against the
+    /// retry budget (CANCELLED if a client asked for cancellation). Fenced; idempotent.
+    pub async fn release(&self, ns: &str, id: &str, token: u64) -> Result<Execution> {
+        let r = Report {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            outcome: Outcome::Release,
+        };
+        self.report_one(r).await
+    }
+
+    async fn report_one(&self, r: Report) -> Result<Execution> {
+        self.report_many(vec![r])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Corrupt("report result missing".into())))
+    }
+
+    /// Applies many attempts' results in one transaction (reads issued concurrently, one
+    /// commit for all); each gets its own result: a fenced-out one does not stop the others.
+    pub async fn report_many(&self, items: Vec<Report>) -> Result<Vec<Result<Execution>>> {
+        if items.len() > REPORT_BATCH_MAX {
+            return Err(invalid("results", format!("at most {REPORT_BATCH_MAX} per call")));
+        }
+        let checked: Vec<Result<Report>> =
+            items.into_iter().map(|r| check_report(&r).map(|()| r)).collect();
         let now_ms = self.clock.now().as_millis();
+        let checked = &checked;
         self.db
-            .run(|tx| {
-                let error = error.clone();
-                async move {
-                    let mut e = require_execution(&tx, &self.ks, ns, id).await?;
-                    if e.fencing_token == token && e.status != ExecutionStatus::Running as i32 {
-                        let a = load_attempt(&tx, self, &e).await?;
-                        if a.status == AttemptStatus::Failed as i32 {
-                            return Ok(e); // this failure already committed
+            .run(|tx| async move {
+                let loads = checked.iter().map(|r| {
+                    let tx = &tx;
+                    async move {
+                        match r {
+                            Ok(r) => {
+                                load_execution(tx, &self.ks, &r.namespace, &r.execution_id).await
+                            }
+                            Err(_) => Ok(None),
                         }
                     }
-                    fence(&e, token)?;
-                    let before = e.status;
-                    self.end_attempt_unsuccessfully(&tx, &mut e, AttemptEvent::Fail, error, now_ms)
-                        .await?;
-                    save_execution(&tx, &self.ks, Some(before), &e)?;
-                    Ok(e)
+                });
+                let found = futures_util::future::try_join_all(loads).await?;
+                // Watermarks only for the shards whose executions get a new timer or go back
+                // on a ready queue (failures), not for plain completions.
+                let shards: BTreeSet<u32> = checked
+                    .iter()
+                    .zip(&found)
+                    .filter(|(r, _)| {
+                        r.as_ref().is_ok_and(|r| matches!(r.outcome, Outcome::Failure(_)))
+                    })
+                    .filter_map(|(_, e)| e.as_ref().map(|e| e.shard))
+                    .collect();
+                let wms = self.watermarks(&tx, shards).await?;
+                let mut out = Vec::with_capacity(checked.len());
+                for (r, e) in checked.iter().zip(found) {
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(err) => {
+                            out.push(Err(err.clone()));
+                            continue;
+                        }
+                    };
+                    let Some(mut e) = e else {
+                        out.push(Err(Error::NotFound {
+                            what: "execution",
+                            id: r.execution_id.clone(),
+                        }));
+                        continue;
+                    };
+                    let wm = wms.get(&e.shard).copied();
+                    out.push(match self.apply_report(&tx, &mut e, r, now_ms, wm).await {
+                        Err(Error::Kv(k)) => return Err(Error::Kv(k)),
+                        Ok(()) => Ok(e),
+                        Err(err) => Err(err),
+                    });
                 }
+                Ok(out)
             })
             .await
+    }
+
+    async fn apply_report(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        r: &Report,
+        now_ms: i64,
+        wm: Option<i64>,
+    ) -> Result<()> {
+        // A repeat of a result that already committed (a retry after an unknown commit
+        // result, or the worker sending it twice) answers as the first did.
+        if e.fencing_token == r.token && e.status != ExecutionStatus::Running as i32 {
+            let ended = load_attempt(tx, self, &e.namespace, &e.id, e.attempt_count).await?;
+            let same = matches!(
+                (&r.outcome, ended.map(|a| a.status())),
+                (Outcome::Success { .. }, Some(AttemptStatus::Succeeded))
+                    | (Outcome::Failure(_), Some(AttemptStatus::Failed | AttemptStatus::Cancelled))
+                    | (Outcome::Release, Some(AttemptStatus::Abandoned))
+            );
+            if same {
+                return Ok(());
+            }
+        }
+        fence(e, r.token)?;
+        let before = e.status;
+        match &r.outcome {
+            Outcome::Success { output_json, output_reference } => {
+                self.end_attempt(tx, e, AttemptEvent::Succeed, None, now_ms)?;
+                e.status = execution_transition(e.status(), ExecutionEvent::Succeed)? as i32;
+                e.output_json = output_json.clone();
+                e.output_reference = output_reference.clone();
+                e.error = None;
+                e.finished_at_ms = now_ms;
+                e.lease_expires_at_ms = 0;
+            }
+            Outcome::Failure(error) => {
+                let wm = match wm {
+                    Some(w) => w,
+                    None => watermark(tx, &self.ks, e.shard).await?,
+                };
+                self.end_attempt_unsuccessfully(
+                    tx,
+                    e,
+                    AttemptEvent::Fail,
+                    error.clone(),
+                    now_ms,
+                    wm,
+                )?;
+            }
+            Outcome::Release => {
+                self.end_attempt(tx, e, AttemptEvent::Abandon, None, now_ms)?;
+                if e.cancel_requested {
+                    e.status = execution_transition(e.status(), ExecutionEvent::Cancel)? as i32;
+                    e.finished_at_ms = now_ms;
+                } else {
+                    e.status = execution_transition(e.status(), ExecutionEvent::Release)? as i32;
+                    e.attempts_released += 1;
+                    self.enqueue_ready(tx, e, now_ms)?;
+                }
+                e.lease_expires_at_ms = 0;
+            }
+        }
+        e.updated_at_ms = now_ms;
+        self.save_execution(tx, Some(before), e)?;
+        debug_assert!(
+            e.status != ExecutionStatus::Running as i32,
+            "an ended attempt leaves RUNNING"
+        );
+        Ok(())
     }
 }

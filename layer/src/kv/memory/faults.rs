@@ -20,6 +20,10 @@ pub struct FaultConfig {
     pub latency: Option<f64>,
     /// The largest injected delay.
     pub latency_max: Duration,
+    /// Every read waits exactly this long (of the injected clock), as a read from a
+    /// FoundationDB cluster waits for its storage server: reads issued one after another add
+    /// up, concurrent ones overlap. Zero = none.
+    pub read_round_trip: Duration,
 }
 
 impl FaultConfig {
@@ -37,6 +41,7 @@ impl FaultConfig {
             too_old: Some(p),
             latency: Some(p),
             latency_max: Duration::from_millis(2),
+            read_round_trip: Duration::ZERO,
         }
     }
 
@@ -52,6 +57,7 @@ impl FaultConfig {
             too_old: site(),
             latency: site(),
             latency_max: Duration::from_micros(rng.between(100, 5_000)),
+            read_round_trip: Duration::ZERO,
         }
     }
 
@@ -62,6 +68,7 @@ impl FaultConfig {
             || self.unknown_result_not_applied.is_some()
             || self.too_old.is_some()
             || self.latency.is_some()
+            || !self.read_round_trip.is_zero()
     }
 }
 

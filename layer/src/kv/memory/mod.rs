@@ -293,12 +293,20 @@ impl LocalStore for Store {
             let err = Error::TransactionTooOld { window_ms: TRANSACTION_AGE_MAX_MS };
             return Some(Box::pin(async move { Err(err) }));
         }
-        shared.latency().map(|d| -> BoxFuture<'static, Result<()>> {
-            Box::pin(async move {
-                d.await;
+        let round_trip = shared.faults.read_round_trip;
+        let round_trip = (!round_trip.is_zero()).then(|| shared.clock.sleep(round_trip));
+        match (shared.latency(), round_trip) {
+            (None, None) => None,
+            (a, b) => Some(Box::pin(async move {
+                if let Some(b) = b {
+                    b.await;
+                }
+                if let Some(a) = a {
+                    a.await;
+                }
                 Ok(())
-            })
-        })
+            })),
+        }
     }
 }
 

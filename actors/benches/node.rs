@@ -51,6 +51,7 @@ fn request(at: i64) -> SubmitRequest {
         definition_version: 1,
         inputs: serde_json::json!({}),
         execute_at_ms: at,
+        delay_ms: None,
         idempotency_key: None,
     }
 }

@@ -28,6 +28,9 @@ pub struct NodeConfig {
     pub node_id: Option<String>,
     /// Region label of this node.
     pub region: String,
+    /// The region whose nodes hold the partition leases while any of them is alive (empty: no
+    /// preference). Nodes of other regions take over when it is gone.
+    pub primary_region: String,
     /// Data directory (embedded store, node id).
     pub data_dir: PathBuf,
     /// Storage backend.
@@ -44,8 +47,16 @@ pub struct NodeConfig {
     pub shard_count: u32,
     /// Timer bucket width, fixed when the cluster is created.
     pub bucket_width_ms: i64,
+    /// Partitions of each ready queue and status count, fixed when the cluster is created (at
+    /// most `shard_count`; 0 = 16, or `shard_count` if smaller).
+    pub ready_partitions: u32,
     /// Shard lease length; renewed every third of it.
     pub shard_lease_ms: u64,
+    /// The most two nodes' clocks may differ (lease expiry compares times written by different
+    /// nodes). A lease is taken over only once it expired by this much more; a node whose
+    /// heartbeat appears further ahead is reported. At most 250 ms (a quarter of the shortest
+    /// attempt lease) and a quarter of `shard_lease_ms`.
+    pub max_clock_skew_ms: u64,
     /// A node is alive if it heartbeated within this.
     pub node_ttl_ms: u64,
     /// How far ahead a shard owner loads timers into memory.
@@ -69,6 +80,7 @@ impl Default for NodeConfig {
         NodeConfig {
             node_id: None,
             region: "local".into(),
+            primary_region: String::new(),
             data_dir: PathBuf::from("kairos-data"),
             backend: Backend::Embedded,
             fdb_cluster_file: None,
@@ -77,7 +89,9 @@ impl Default for NodeConfig {
             listen_grpc: SocketAddr::from(([127, 0, 0, 1], 7071)),
             shard_count: 64,
             bucket_width_ms: 60_000,
+            ready_partitions: 0,
             shard_lease_ms: 10_000,
+            max_clock_skew_ms: 250,
             node_ttl_ms: 30_000,
             window_ms: 30_000,
             window_timers_max: 100_000,
@@ -89,6 +103,11 @@ impl Default for NodeConfig {
         }
     }
 }
+
+/// The largest clock-skew bound a node accepts: a quarter of the shortest attempt lease
+/// (1 s), so a worker heartbeating at a third of its lease is never timed out by a node whose
+/// clock runs ahead.
+pub const MAX_CLOCK_SKEW_MS_LIMIT: u64 = kairos_layer::ops::limits::LEASE_MS_MIN / 4;
 
 /// A configuration error naming the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,7 +124,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 8] = [
+pub const ENV_VARS: [(&str, &str); 10] = [
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -114,6 +133,8 @@ pub const ENV_VARS: [(&str, &str); 8] = [
     ("KAIROS_CLUSTER", "cluster"),
     ("KAIROS_LOG", "log"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
+    ("KAIROS_REGION", "region"),
+    ("KAIROS_PRIMARY_REGION", "primary_region"),
 ];
 
 impl NodeConfig {
@@ -126,9 +147,15 @@ impl NodeConfig {
     pub fn set(&mut self, setting: &str, value: &str) -> Result<(), ConfigError> {
         let num =
             |v: &str| v.parse::<u64>().map_err(|_| bad(setting, format!("not a number: {v:?}")));
+        let num32 = |v: &str| {
+            v.parse::<u32>().map_err(|_| {
+                bad(setting, format!("not a number between 0 and {}: {v:?}", u32::MAX))
+            })
+        };
         match setting {
             "node_id" => self.node_id = Some(value.to_string()),
             "region" => self.region = value.to_string(),
+            "primary_region" => self.primary_region = value.to_string(),
             "data_dir" => self.data_dir = PathBuf::from(value),
             "backend" => {
                 self.backend = match value {
@@ -155,8 +182,10 @@ impl NodeConfig {
                     .parse()
                     .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
             }
-            "shard_count" => self.shard_count = num(value)? as u32,
+            "shard_count" => self.shard_count = num32(value)?,
+            "ready_partitions" => self.ready_partitions = num32(value)?,
             "shard_lease_ms" => self.shard_lease_ms = num(value)?,
+            "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
             "log" => self.log = value.to_string(),
             other => return Err(bad(other, "unknown setting")),
@@ -174,6 +203,14 @@ impl NodeConfig {
         Ok(())
     }
 
+    /// The ready partitions a new cluster gets.
+    pub fn ready_partitions(&self) -> u32 {
+        match self.ready_partitions {
+            0 => self.shard_count.min(16),
+            n => n,
+        }
+    }
+
     /// Checks every setting and their relations.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(id) = &self.node_id
@@ -187,8 +224,23 @@ impl NodeConfig {
         if self.bucket_width_ms < 1_000 {
             return Err(bad("bucket_width_ms", "must be at least 1000"));
         }
+        if self.ready_partitions > self.shard_count {
+            return Err(bad("ready_partitions", "must be at most shard_count"));
+        }
         if self.shard_lease_ms < 1_000 {
             return Err(bad("shard_lease_ms", "must be at least 1000"));
+        }
+        if self.max_clock_skew_ms > MAX_CLOCK_SKEW_MS_LIMIT {
+            return Err(bad(
+                "max_clock_skew_ms",
+                format!(
+                    "must be at most {MAX_CLOCK_SKEW_MS_LIMIT} (a quarter of the shortest attempt \
+                     lease, so a heartbeat at a third of it always lands in time)"
+                ),
+            ));
+        }
+        if self.max_clock_skew_ms.saturating_mul(4) > self.shard_lease_ms {
+            return Err(bad("max_clock_skew_ms", "must be at most a quarter of shard_lease_ms"));
         }
         if self.node_ttl_ms < self.shard_lease_ms {
             return Err(bad("node_ttl_ms", "must be at least shard_lease_ms"));
@@ -245,5 +297,13 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().setting, "poll_interval_ms");
         let c = NodeConfig { node_ttl_ms: 10, ..NodeConfig::default() };
         assert_eq!(c.validate().unwrap_err().setting, "node_ttl_ms");
+        let e = NodeConfig::default().set("shard_count", "4294967297").unwrap_err();
+        assert_eq!(e.setting, "shard_count", "not truncated to a u32: {e}");
+        let c = NodeConfig { max_clock_skew_ms: 400, ..NodeConfig::default() };
+        assert_eq!(c.validate().unwrap_err().setting, "max_clock_skew_ms");
+        let c = NodeConfig { shard_count: 8, ready_partitions: 9, ..NodeConfig::default() };
+        assert_eq!(c.validate().unwrap_err().setting, "ready_partitions");
+        assert_eq!(NodeConfig { shard_count: 8, ..NodeConfig::default() }.ready_partitions(), 8);
+        assert_eq!(NodeConfig::default().ready_partitions(), 16);
     }
 }

@@ -1,6 +1,7 @@
 //! What every actor of a node shares: the scheduler operations, the injected clock, metrics,
-//! configuration, and the node-local routes between actors (an explicit table owned by the
-//! node — no global named-actor registry, which would break multi-node tests and simulation).
+//! configuration, the credit ledger of waiting workers, the result batcher, and the node-local
+//! routes between actors (an explicit table owned by the node — no global named-actor
+//! registry, which would break multi-node tests and simulation).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -9,10 +10,12 @@ use std::time::Duration;
 use kairos_layer::env::SharedClock;
 use kairos_layer::keys::TimerKey;
 use kairos_layer::ops::Scheduler;
-use ractor::{ActorRef, Message};
+use ractor::{ActorId, ActorRef, Message};
 
+use crate::batcher::Batcher;
 use crate::config::NodeConfig;
 use crate::dispatcher::DispatcherMsg;
+use crate::matchmaker::Matchmaker;
 use crate::metrics::Metrics;
 use crate::shard_owner::OwnerMsg;
 
@@ -31,6 +34,10 @@ pub struct Ctx {
     pub node_id: String,
     /// Routes between this node's actors.
     pub routes: Arc<Routes>,
+    /// Waiting workers' credits (fire transactions match executions to them).
+    pub matchmaker: Arc<Matchmaker>,
+    /// Results and heartbeats, batched into few transactions.
+    pub batcher: Batcher,
 }
 
 impl Ctx {
@@ -48,20 +55,29 @@ pub struct Routes {
 }
 
 impl Routes {
-    pub(crate) fn set_owner(&self, shard: u32, owner: Option<ActorRef<OwnerMsg>>) {
+    pub(crate) fn set_owner(&self, shard: u32, owner: ActorRef<OwnerMsg>) {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, owner);
+    }
+
+    /// Removes the route of `shard` if it still leads to `owner` (a stopping owner must not
+    /// erase the route of the owner that replaced it).
+    pub(crate) fn remove_owner(&self, shard: u32, owner: ActorId) {
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
-        match owner {
-            Some(o) => {
-                owners.insert(shard, o);
-            }
-            None => {
-                owners.remove(&shard);
-            }
+        if owners.get(&shard).is_some_and(|o| o.get_id() == owner) {
+            owners.remove(&shard);
         }
     }
 
     pub(crate) fn set_dispatcher(&self, d: Option<ActorRef<DispatcherMsg>>) {
         *self.dispatcher.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Removes the dispatcher route if it still leads to `d`.
+    pub(crate) fn remove_dispatcher(&self, d: ActorId) {
+        let mut cur = self.dispatcher.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|c| c.get_id() == d) {
+            *cur = None;
+        }
     }
 
     /// Tells the local owner of the timer's shard (if any) about a new timer: wake-up, not
@@ -76,8 +92,7 @@ impl Routes {
 
     /// Tells the local dispatcher that a queue has new ready work.
     pub fn ready_hint(&self, ns: &str, queue: &str) {
-        let d = self.dispatcher.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(d) = d {
+        if let Some(d) = self.dispatcher() {
             let _ = d.send_message(DispatcherMsg::Ready {
                 ns: ns.to_string(),
                 queue: queue.to_string(),

@@ -1,19 +1,32 @@
-//! Dispatcher: serves workers' long polls. A poll claims READY executions of its queue at
-//! once if there are any; otherwise it waits, woken by new ready work on this node (a local
-//! hint from a shard owner) or on any node (a watch on the queue's ready-signal counter),
-//! until its wait runs out. Per-queue concurrency limits bound what is in flight through this
-//! node. Claims run in spawned tasks; results come back as messages.
+//! Dispatcher: hands work to the workers waiting on this node — worker streams (`Work`, with
+//! credits) and one-shot long polls (`Poll`). Every waiting worker is a slot in the node's
+//! [`Matchmaker`] ledger with as many credits as tasks it can take. Work reaches them two ways:
+//!
+//! - **matched at fire time**: a shard owner's fire transaction reserves credits and starts the
+//!   executions it fires for those workers in the same transaction; the dispatcher only
+//!   delivers them ([`DispatcherMsg::Matched`]);
+//! - **claimed from the ready queues**: when workers hold credits and a queue may have READY
+//!   work (a local hint, a watch on the queue's ready signals, or simply not known yet), one
+//!   `claim_many` per queue per node takes work for all of them, each with its own lease.
+//!
+//! Claimed work whose worker vanished before delivery (an *orphan*) goes to another waiting
+//! worker of the queue if at least half its lease is left, else it is released (READY again at
+//! once, the attempt not counted). Claims run in spawned tasks; results come back as messages.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kairos_layer::ops::claim::{CLAIM_MANY_MAX, ClaimSlot, Claimed};
+use kairos_layer::ops::fire::Grant;
+use kairos_layer::ops::worker::{Outcome, Report};
 use kairos_layer::ops::{Error, error::invalid, limits::CLAIM_BATCH_MAX};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::mpsc;
 
 use crate::context::{Ctx, send_after};
+use crate::matchmaker::QueueKey;
 
-/// A worker's poll.
+/// A worker's long poll.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PollRequest {
     /// Namespace.
@@ -33,90 +46,68 @@ pub struct PollRequest {
 /// The reply to a poll.
 pub type PollReply = Result<Vec<Claimed>, Error>;
 
+/// Where a worker stream's tasks go.
+pub type TaskSender = mpsc::UnboundedSender<Vec<Claimed>>;
+
+/// A worker stream opening.
+#[derive(Debug)]
+pub struct SessionOpen {
+    /// Namespace.
+    pub namespace: String,
+    /// Queue.
+    pub queue: String,
+    /// The worker.
+    pub worker_id: String,
+    /// Lease per execution (the definition's when `None`).
+    pub lease_ms: Option<u64>,
+    /// Free slots to start with.
+    pub credits: usize,
+    /// Where its tasks go.
+    pub tasks: TaskSender,
+}
+
 /// Messages of the dispatcher.
 #[derive(Debug)]
 pub enum DispatcherMsg {
     /// A worker polls.
     Poll(PollRequest, RpcReplyPort<PollReply>),
-    /// A queue has new ready work.
+    /// A worker stream opens; the reply is its slot id.
+    Open(SessionOpen, RpcReplyPort<u64>),
+    /// A worker stream has more free slots.
+    Credits(u64, usize),
+    /// A worker stream closed.
+    Close(u64),
+    /// A queue may have new ready work.
     Ready {
         /// Namespace.
         ns: String,
         /// Queue.
         queue: String,
     },
-    /// A claim for the listed waiters of a queue finished.
-    Claimed(QueueKey, Vec<u64>, Result<Vec<Vec<Claimed>>, Error>),
-    /// A waiter's wait ran out.
+    /// A fire transaction started these executions for the waiting workers of its grants.
+    Matched(Vec<(Claimed, Grant)>),
+    /// Claimed executions without a worker.
+    Orphans(Vec<Claimed>),
+    /// A claim for the listed grants of a queue finished.
+    Claimed(QueueKey, Vec<Grant>, Result<Vec<Vec<Claimed>>, Error>),
+    /// A poll's wait ran out.
     Expire(u64),
-    /// A watch on a queue's ready signal ended.
-    WatchEnded(String, String),
-    /// An execution claimed through this node finished (or its lease was extended).
-    Released(String),
-    /// Its lease now ends at this time.
-    Extended(String, i64),
-    /// Stop serving polls: answer the waiting ones with no work.
+    /// A watch on a queue's ready signals ended.
+    WatchEnded(QueueKey),
+    /// Executions of a queue left flight (results, releases).
+    Finished(QueueKey, usize),
+    /// Stop serving: answer waiting polls with no work, close worker streams.
     Drain(RpcReplyPort<()>),
 }
 
 struct Waiter {
-    req: PollRequest,
-    reply: Option<RpcReplyPort<PollReply>>,
-    expired: bool,
+    queue: QueueKey,
+    reply: RpcReplyPort<PollReply>,
 }
 
-/// (namespace, queue).
-pub type QueueKey = (String, String);
-
-/// The pure part: per-queue in-flight accounting under concurrency limits.
-#[derive(Debug, Default)]
-pub struct InFlight {
-    by_id: BTreeMap<String, (QueueKey, i64)>,
-    by_expiry: BTreeSet<(i64, String)>,
-    counts: BTreeMap<QueueKey, usize>,
-}
-
-impl InFlight {
-    /// Records claimed executions (only tracked for limited queues).
-    pub fn add(&mut self, q: &QueueKey, id: &str, expires_at: i64) {
-        if self.by_id.insert(id.to_string(), (q.clone(), expires_at)).is_none() {
-            *self.counts.entry(q.clone()).or_default() += 1;
-        }
-        self.by_expiry.insert((expires_at, id.to_string()));
-    }
-    /// Forgets an execution; returns its queue.
-    pub fn remove(&mut self, id: &str) -> Option<QueueKey> {
-        let (q, exp) = self.by_id.remove(id)?;
-        self.by_expiry.remove(&(exp, id.to_string()));
-        if let Some(c) = self.counts.get_mut(&q) {
-            *c = c.saturating_sub(1);
-        }
-        Some(q)
-    }
-    /// Moves an execution's lease end.
-    pub fn extend(&mut self, id: &str, expires_at: i64) {
-        if let Some((q, _)) = self.by_id.get(id).cloned() {
-            self.remove(id);
-            self.add(&q, id, expires_at);
-        }
-    }
-    /// Forgets executions whose lease ended before `now` (their attempt timed out or will).
-    pub fn prune(&mut self, now: i64) -> Vec<QueueKey> {
-        let mut freed = Vec::new();
-        while let Some((exp, id)) = self.by_expiry.first().cloned() {
-            if exp >= now {
-                break;
-            }
-            if let Some(q) = self.remove(&id) {
-                freed.push(q);
-            }
-        }
-        freed
-    }
-    /// Executions in flight on a queue.
-    pub fn count(&self, q: &QueueKey) -> usize {
-        self.counts.get(q).copied().unwrap_or(0)
-    }
+struct Session {
+    queue: QueueKey,
+    tasks: TaskSender,
 }
 
 /// The dispatcher actor.
@@ -127,167 +118,252 @@ pub struct DispatcherState {
     ctx: Ctx,
     next_id: u64,
     waiters: BTreeMap<u64, Waiter>,
-    /// Waiters inside an in-flight claim.
-    claiming: BTreeSet<u64>,
-    /// Queues with a claim in flight, and whether ready work arrived meanwhile.
-    queue_claims: BTreeMap<QueueKey, bool>,
+    sessions: BTreeMap<u64, Session>,
+    /// Queues with a claim in flight, and whether ready work was hinted meanwhile.
+    claiming: BTreeMap<QueueKey, bool>,
+    /// Queues that may hold READY work (hinted, or not known to be empty).
+    maybe_ready: BTreeSet<QueueKey>,
+    /// Queues seen so far (a first waiter claims at once: work may be ready from before).
+    known: BTreeSet<QueueKey>,
     watching: BTreeSet<QueueKey>,
-    /// Claimed executions whose poll vanished before delivery, for the next poller.
-    orphans: BTreeMap<QueueKey, Vec<Claimed>>,
-    in_flight: InFlight,
     draining: bool,
 }
 
 impl DispatcherState {
-    fn limit(&self, q: &QueueKey) -> Option<usize> {
-        self.ctx.config.queue_concurrency.get(&q.1).copied()
+    fn has_demand(&self, q: &QueueKey) -> bool {
+        self.sessions.values().any(|s| &s.queue == q)
+            || self.waiters.values().any(|w| &w.queue == q)
     }
 
-    /// Claims for the waiters of `q` in one transaction (one claim in flight per queue per
-    /// node: no conflicts between this node's own pollers).
+    /// A waiting worker of `q` was added or got credits.
+    fn demand(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
+        if self.known.insert(q.clone()) {
+            self.maybe_ready.insert(q.clone());
+        }
+        if self.maybe_ready.contains(q) {
+            self.claim_queue(myself, q);
+        } else {
+            self.ensure_watch(myself, q);
+        }
+    }
+
+    /// Claims for the credits of `q`'s waiting workers in one transaction (one claim in flight
+    /// per queue per node: no conflicts between this node's own workers).
     fn claim_queue(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
-        self.serve_orphans(q);
-        if let Some(again) = self.queue_claims.get_mut(q) {
+        if self.draining {
+            return;
+        }
+        if let Some(again) = self.claiming.get_mut(q) {
             *again = true; // re-run once the claim in flight returns
             return;
         }
-        let mut room = self.limit(q).map(|l| l.saturating_sub(self.in_flight.count(q)));
-        let mut ids = Vec::new();
-        let mut slots = Vec::new();
-        let mut total = 0;
-        for (id, w) in &self.waiters {
-            if w.expired || w.req.namespace != q.0 || w.req.queue != q.1 {
-                continue;
-            }
-            let mut max = w.req.max;
-            if let Some(r) = room.as_mut() {
-                max = max.min(*r);
-                *r -= max;
-            }
-            if max == 0 || total + max > CLAIM_MANY_MAX {
-                break;
-            }
-            total += max;
-            ids.push(*id);
-            slots.push(ClaimSlot { worker_id: w.req.worker_id.clone(), max });
+        let grants = self.ctx.matchmaker.take(q, CLAIM_MANY_MAX);
+        if grants.is_empty() {
+            return; // nobody waiting with credits (or the concurrency limit is reached)
         }
-        if ids.is_empty() {
-            return; // nobody waiting, or parked until something in flight is released
-        }
-        let lease = self.waiters[&ids[0]].req.lease_ms;
-        self.claiming.extend(ids.iter().copied());
-        self.queue_claims.insert(q.clone(), false);
+        let slots = slots_of(&grants);
+        self.claiming.insert(q.clone(), false);
         let (sched, me, q) = (self.ctx.sched.clone(), myself.clone(), q.clone());
         tokio::spawn(async move {
-            let r = sched.claim_many(&q.0, &q.1, &slots, lease).await;
-            let _ = me.send_message(DispatcherMsg::Claimed(q, ids, r));
+            let r = sched.claim_many(&q.0, &q.1, &slots).await;
+            let _ = me.send_message(DispatcherMsg::Claimed(q, grants, r));
         });
     }
 
-    /// Watches the queue's ready-signal counter, so work made ready on other nodes wakes us.
+    /// Watches the queue's ready signals, so work made ready on other nodes wakes us.
     fn ensure_watch(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
-        if !self.watching.insert(q.clone()) {
+        if self.draining || !self.watching.insert(q.clone()) {
             return;
         }
-        let db = self.ctx.sched.database().clone();
-        let key = self.ctx.sched.keyspace().ready_signal(&q.0, &q.1);
+        let sched = self.ctx.sched.clone();
         let me = myself.clone();
         let cap = self.ctx.clock.sleep(Duration::from_millis(self.ctx.config.poll_wait_max_ms));
-        let (ns, queue) = q.clone();
+        let q = q.clone();
         tokio::spawn(async move {
             let watch = async {
+                let db = sched.database();
                 let tx = db.begin()?;
-                let w = tx.watch(&key)?;
+                let parts = sched.config().ready_partitions.max(1);
+                let mut watches = Vec::new();
+                for p in 0..parts {
+                    watches.push(tx.watch(&sched.keyspace().ready_signal(&q.0, &q.1, p))?);
+                }
                 tx.commit().await?;
-                w.await
+                futures_util::future::select_all(watches).await.0
             };
             tokio::select! {
                 r = watch => {
                     if r.is_ok() {
-                        let _ = me.send_message(DispatcherMsg::Ready { ns: ns.clone(), queue: queue.clone() });
+                        let _ = me.send_message(DispatcherMsg::Ready { ns: q.0.clone(), queue: q.1.clone() });
                     }
                 }
                 _ = cap => {}
             }
-            let _ = me.send_message(DispatcherMsg::WatchEnded(ns, queue));
+            let _ = me.send_message(DispatcherMsg::WatchEnded(q));
         });
     }
 
-    fn record_claimed(&mut self, claimed: &[Claimed]) {
+    /// Records what reached workers.
+    fn record_delivered(&self, claimed: &[Claimed]) {
         let m = &self.ctx.metrics;
         m.claimed.fetch_add(claimed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let now = self.ctx.now_ms();
         for c in claimed {
-            let e = &c.execution;
             if c.attempt.number == 1 {
-                let late = u64::try_from(c.attempt.started_at_ms - e.execute_at_ms).unwrap_or(0);
+                let late = u64::try_from(now - c.execution.execute_at_ms).unwrap_or(0);
                 m.lateness_start.observe(Duration::from_millis(late));
             }
-            if let Some(t) = kairos_layer::ops::timer_of(e) {
+            if let Some(t) = kairos_layer::ops::timer_of(&c.execution) {
                 self.ctx.routes.timer_hint(t); // its lease check, to a local owner
             }
-            let q = (e.namespace.clone(), e.queue.clone());
-            if self.limit(&q).is_some() {
-                self.in_flight.add(&q, &e.id, e.lease_expires_at_ms);
+        }
+    }
+
+    /// Hands claimed executions to the waiting worker `slot`; what it cannot take comes back.
+    fn deliver(&mut self, slot: u64, claimed: Vec<Claimed>) -> Vec<Claimed> {
+        if claimed.is_empty() {
+            return claimed;
+        }
+        if let Some(s) = self.sessions.get(&slot) {
+            return match s.tasks.send(claimed) {
+                Ok(()) => Vec::new(),
+                Err(mpsc::error::SendError(back)) => back,
+            };
+        }
+        if let Some(w) = self.waiters.remove(&slot) {
+            // A poll is answered once: its remaining credits go.
+            self.ctx.matchmaker.remove(&w.queue, slot);
+            return match w.reply.send(Ok(claimed)) {
+                Ok(()) => Vec::new(),
+                Err(ractor::MessagingErr::SendErr(Ok(back))) => back,
+                Err(_) => Vec::new(),
+            };
+        }
+        claimed
+    }
+
+    /// Delivers per grant, recording what reached a worker; returns the orphans.
+    fn deliver_granted(&mut self, items: Vec<(Claimed, u64)>) -> Vec<Claimed> {
+        let mut by_slot: BTreeMap<u64, Vec<Claimed>> = BTreeMap::new();
+        for (c, slot) in items {
+            by_slot.entry(slot).or_default().push(c);
+        }
+        let mut orphans = Vec::new();
+        for (slot, claimed) in by_slot {
+            let n = claimed.len();
+            let back = self.deliver(slot, claimed.clone());
+            if back.len() < n {
+                let delivered: Vec<Claimed> = claimed
+                    .into_iter()
+                    .filter(|c| !back.iter().any(|b| b.execution.id == c.execution.id))
+                    .collect();
+                self.record_delivered(&delivered);
             }
+            orphans.extend(back);
         }
+        orphans
     }
 
-    fn answer(&mut self, id: u64, r: PollReply) {
-        if let Some(mut w) = self.waiters.remove(&id)
-            && let Some(reply) = w.reply.take()
-        {
-            let _ = reply.send(r);
-        }
-    }
-
-    /// Hands claimed executions to a waiter; if its poll is gone (the worker disconnected or
-    /// its call timed out), keeps them for the next poller of the queue instead of leaving
-    /// them RUNNING until their lease expires.
-    fn deliver(&mut self, id: u64, claimed: Vec<Claimed>) {
-        let Some(mut w) = self.waiters.remove(&id) else {
-            self.orphan(claimed);
-            return;
-        };
-        match w.reply.take().map(|reply| reply.send(Ok(claimed))) {
-            Some(Ok(())) => {}
-            Some(Err(ractor::MessagingErr::SendErr(Ok(back)))) => self.orphan(back),
-            _ => {}
-        }
-    }
-
-    fn orphan(&mut self, claimed: Vec<Claimed>) {
-        for c in claimed {
-            let q = (c.execution.namespace.clone(), c.execution.queue.clone());
-            self.orphans.entry(q).or_default().push(c);
-        }
-    }
-
-    /// Serves waiting polls of `q` from orphaned claims first (those with at least a second
-    /// of lease left; the others are left to their lease expiry and retry).
-    fn serve_orphans(&mut self, q: &QueueKey) {
-        let Some(mut orphans) = self.orphans.remove(q) else { return };
+    /// Claimed executions without a worker: to another waiting worker of the queue while at
+    /// least half their lease is left, else released (READY again, the attempt not counted).
+    fn orphans(&mut self, orphans: Vec<Claimed>) {
         let now = self.ctx.now_ms();
-        orphans.retain(|c| c.execution.lease_expires_at_ms > now + 1_000);
-        let ids: Vec<u64> = self
-            .waiters
-            .iter()
-            .filter(|(id, w)| {
-                w.req.namespace == q.0 && w.req.queue == q.1 && !self.claiming.contains(id)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if orphans.is_empty() {
-                break;
+        let mut release = Vec::new();
+        for c in orphans {
+            let q = (c.execution.namespace.clone(), c.execution.queue.clone());
+            let left = c.execution.lease_expires_at_ms - now;
+            let enough = left.saturating_mul(2) >= c.execution.lease_ms as i64;
+            let grant =
+                if enough && !self.draining { self.ctx.matchmaker.take(&q, 1).pop() } else { None };
+            match grant {
+                Some(g) => {
+                    self.ctx.matchmaker.used(&q, 1);
+                    self.ctx.matchmaker.finished(&q, 1); // it was in flight already
+                    let back = self.deliver_granted(vec![(c, g.slot)]);
+                    release.extend(back);
+                }
+                None => release.push(c),
             }
-            let n = self.waiters[&id].req.max.min(orphans.len());
-            let batch: Vec<Claimed> = orphans.drain(..n).collect();
-            self.deliver(id, batch);
         }
-        if !orphans.is_empty() {
-            self.orphans.entry(q.clone()).or_default().extend(orphans);
+        if release.is_empty() {
+            return;
+        }
+        self.ctx
+            .metrics
+            .orphans_released
+            .fetch_add(release.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            let reports: Vec<Report> = release
+                .iter()
+                .map(|c| Report {
+                    namespace: c.execution.namespace.clone(),
+                    execution_id: c.execution.id.clone(),
+                    token: c.attempt.fencing_token,
+                    outcome: Outcome::Release,
+                })
+                .collect();
+            match ctx.batcher.report(reports).await {
+                Ok(results) => {
+                    for e in results.into_iter().flatten() {
+                        let q = (e.namespace.clone(), e.queue.clone());
+                        if ctx.matchmaker.is_limited(&q)
+                            && let Some(d) = ctx.routes.dispatcher()
+                        {
+                            let _ = d.send_message(DispatcherMsg::Finished(q.clone(), 1));
+                        }
+                        ctx.routes.ready_hint(&q.0, &q.1);
+                    }
+                }
+                // Not released: their leases run out and the retry policy applies.
+                Err(e) => tracing::warn!(error = %e, "releasing undelivered executions failed"),
+            }
+        });
+    }
+}
+
+/// One claim slot per waiting worker among the grants, in grant order.
+fn slots_of(grants: &[Grant]) -> Vec<ClaimSlot> {
+    let mut slots: Vec<(u64, ClaimSlot)> = Vec::new();
+    for g in grants {
+        match slots.iter_mut().find(|(id, _)| *id == g.slot) {
+            Some((_, s)) => s.max += 1,
+            None => slots.push((
+                g.slot,
+                ClaimSlot { worker_id: g.worker_id.clone(), max: 1, lease_ms: g.lease_ms },
+            )),
         }
     }
+    // A claim slot takes at most CLAIM_BATCH_MAX: split bigger ones.
+    let mut out = Vec::new();
+    for (_, mut s) in slots {
+        while s.max > CLAIM_BATCH_MAX {
+            out.push(ClaimSlot { max: CLAIM_BATCH_MAX, ..s.clone() });
+            s.max -= CLAIM_BATCH_MAX;
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// The slot id of each claim slot of [`slots_of`], in the same order.
+fn slot_ids(grants: &[Grant]) -> Vec<u64> {
+    let mut ids: Vec<(u64, usize)> = Vec::new();
+    for g in grants {
+        match ids.iter_mut().find(|(id, _)| *id == g.slot) {
+            Some((_, n)) => *n += 1,
+            None => ids.push((g.slot, 1)),
+        }
+    }
+    let mut out = Vec::new();
+    for (id, mut n) in ids {
+        while n > CLAIM_BATCH_MAX {
+            out.push(id);
+            n -= CLAIM_BATCH_MAX;
+        }
+        out.push(id);
+    }
+    out
 }
 
 impl Actor for Dispatcher {
@@ -303,25 +379,29 @@ impl Actor for Dispatcher {
         ctx.routes.set_dispatcher(Some(myself));
         Ok(DispatcherState {
             ctx,
-            next_id: 0,
+            next_id: 1,
             waiters: BTreeMap::new(),
-            claiming: BTreeSet::new(),
-            queue_claims: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            claiming: BTreeMap::new(),
+            maybe_ready: BTreeSet::new(),
+            known: BTreeSet::new(),
             watching: BTreeSet::new(),
-            orphans: BTreeMap::new(),
-            in_flight: InFlight::default(),
             draining: false,
         })
     }
 
     async fn post_stop(
         &self,
-        _: ActorRef<DispatcherMsg>,
+        myself: ActorRef<DispatcherMsg>,
         s: &mut DispatcherState,
     ) -> Result<(), ActorProcessingErr> {
-        s.ctx.routes.set_dispatcher(None);
-        for id in s.waiters.keys().copied().collect::<Vec<_>>() {
-            s.answer(id, Ok(Vec::new()));
+        s.ctx.routes.remove_dispatcher(myself.get_id());
+        for (id, w) in std::mem::take(&mut s.waiters) {
+            s.ctx.matchmaker.remove(&w.queue, id);
+            let _ = w.reply.send(Ok(Vec::new()));
+        }
+        for (id, session) in std::mem::take(&mut s.sessions) {
+            s.ctx.matchmaker.remove(&session.queue, id);
         }
         Ok(())
     }
@@ -332,10 +412,6 @@ impl Actor for Dispatcher {
         msg: DispatcherMsg,
         s: &mut DispatcherState,
     ) -> Result<(), ActorProcessingErr> {
-        let now = s.ctx.now_ms();
-        for q in s.in_flight.prune(now) {
-            s.claim_queue(&myself, &q);
-        }
         match msg {
             DispatcherMsg::Poll(req, reply) => {
                 if req.max == 0 || req.max > CLAIM_BATCH_MAX {
@@ -353,80 +429,125 @@ impl Actor for Dispatcher {
                 let id = s.next_id;
                 s.next_id += 1;
                 let q = (req.namespace.clone(), req.queue.clone());
-                s.waiters.insert(id, Waiter { req, reply: Some(reply), expired: false });
-                let expire = DispatcherMsg::Expire(id);
-                send_after(&s.ctx.clock, Duration::from_millis(wait), myself.clone(), expire);
+                s.ctx.matchmaker.add(&q, id, &req.worker_id, req.lease_ms, req.max);
+                s.waiters.insert(id, Waiter { queue: q.clone(), reply });
+                send_after(
+                    &s.ctx.clock,
+                    Duration::from_millis(wait),
+                    myself.clone(),
+                    DispatcherMsg::Expire(id),
+                );
+                s.demand(&myself, &q);
+            }
+            DispatcherMsg::Open(open, reply) => {
+                let id = s.next_id;
+                s.next_id += 1;
+                let _ = reply.send(id);
+                if s.draining {
+                    return Ok(()); // its task sender drops: the stream ends
+                }
+                let q = (open.namespace.clone(), open.queue.clone());
+                s.ctx.matchmaker.add(&q, id, &open.worker_id, open.lease_ms, open.credits);
+                s.sessions.insert(id, Session { queue: q.clone(), tasks: open.tasks });
+                s.demand(&myself, &q);
+            }
+            DispatcherMsg::Credits(id, n) => {
+                if let Some(session) = s.sessions.get(&id) {
+                    let q = session.queue.clone();
+                    s.ctx.matchmaker.credit(&q, id, n);
+                    s.demand(&myself, &q);
+                }
+            }
+            DispatcherMsg::Close(id) => {
+                if let Some(session) = s.sessions.remove(&id) {
+                    s.ctx.matchmaker.remove(&session.queue, id);
+                }
+            }
+            DispatcherMsg::Ready { ns, queue } => {
+                let q = (ns, queue);
+                s.known.insert(q.clone());
+                s.maybe_ready.insert(q.clone());
                 s.claim_queue(&myself, &q);
             }
-            DispatcherMsg::Ready { ns, queue } => s.claim_queue(&myself, &(ns, queue)),
-            DispatcherMsg::Claimed(q, ids, result) => {
-                let again = s.queue_claims.remove(&q).unwrap_or(false);
-                for id in &ids {
-                    s.claiming.remove(id);
+            DispatcherMsg::Matched(items) => {
+                let mut per_queue: BTreeMap<QueueKey, usize> = BTreeMap::new();
+                for (c, _) in &items {
+                    *per_queue
+                        .entry((c.execution.namespace.clone(), c.execution.queue.clone()))
+                        .or_default() += 1;
                 }
-                let mut more = again;
+                for (q, n) in per_queue {
+                    s.ctx.matchmaker.used(&q, n);
+                }
+                let orphans =
+                    s.deliver_granted(items.into_iter().map(|(c, g)| (c, g.slot)).collect());
+                s.orphans(orphans);
+            }
+            DispatcherMsg::Orphans(claimed) => s.orphans(claimed),
+            DispatcherMsg::Claimed(q, grants, result) => {
+                let again = s.claiming.remove(&q).unwrap_or(false);
                 match result {
                     Ok(per_slot) => {
-                        for (id, claimed) in ids.iter().zip(per_slot) {
-                            let wanted = s.waiters.get(id).map_or(0, |w| w.req.max);
-                            if claimed.is_empty() {
-                                if s.waiters.get(id).is_some_and(|w| w.expired) || s.draining {
-                                    s.answer(*id, Ok(Vec::new()));
-                                }
-                                continue;
+                        let ids = slot_ids(&grants);
+                        let claimed: usize = per_slot.iter().map(Vec::len).sum();
+                        // Unused grants go back (per slot: the tail of each slot's share).
+                        let mut unused: Vec<Grant> = Vec::new();
+                        let mut items = Vec::new();
+                        let slots = slots_of(&grants);
+                        for ((id, got), slot) in ids.iter().zip(per_slot).zip(&slots) {
+                            let missing = slot.max - got.len();
+                            if let Some(g) = grants.iter().find(|g| g.slot == *id) {
+                                unused.extend(std::iter::repeat_n(g.clone(), missing));
                             }
-                            more |= claimed.len() == wanted; // the queue may hold more
-                            s.record_claimed(&claimed);
-                            s.deliver(*id, claimed);
+                            items.extend(got.into_iter().map(|c| (c, *id)));
+                        }
+                        s.ctx.matchmaker.used(&q, claimed);
+                        s.ctx.matchmaker.give_back(&q, unused);
+                        let orphans = s.deliver_granted(items);
+                        s.orphans(orphans);
+                        if claimed < grants.len() && !again {
+                            // The queue ran dry: wait for a hint or the watch.
+                            s.maybe_ready.remove(&q);
+                        }
+                        if s.has_demand(&q) {
+                            s.demand(&myself, &q);
                         }
                     }
                     Err(e) => {
-                        for id in &ids {
-                            s.answer(*id, Err(e.clone()));
-                        }
+                        s.ctx.matchmaker.give_back(&q, grants);
+                        tracing::warn!(namespace = %q.0, queue = %q.1, error = %e, "claim failed; retrying shortly");
+                        let retry = DispatcherMsg::Ready { ns: q.0.clone(), queue: q.1.clone() };
+                        send_after(&s.ctx.clock, Duration::from_millis(100), myself.clone(), retry);
                     }
-                }
-                let waiting =
-                    s.waiters.values().any(|w| w.req.namespace == q.0 && w.req.queue == q.1);
-                if waiting && more {
-                    s.claim_queue(&myself, &q);
-                } else if waiting {
-                    s.ensure_watch(&myself, &q); // nothing ready: wait for a hint or the watch
                 }
             }
             DispatcherMsg::Expire(id) => {
-                if s.claiming.contains(&id) {
-                    if let Some(w) = s.waiters.get_mut(&id) {
-                        w.expired = true; // answered when its claim returns: nothing is orphaned
-                    }
-                } else {
-                    s.answer(id, Ok(Vec::new()));
+                if let Some(w) = s.waiters.remove(&id) {
+                    s.ctx.matchmaker.remove(&w.queue, id);
+                    let _ = w.reply.send(Ok(Vec::new()));
                 }
             }
-            DispatcherMsg::WatchEnded(ns, queue) => {
-                let q = (ns, queue);
+            DispatcherMsg::WatchEnded(q) => {
                 s.watching.remove(&q);
-                let waiting =
-                    s.waiters.values().any(|w| w.req.namespace == q.0 && w.req.queue == q.1);
-                if waiting && !s.draining {
+                if s.has_demand(&q) && !s.draining && !s.maybe_ready.contains(&q) {
                     s.ensure_watch(&myself, &q);
                 }
             }
-            DispatcherMsg::Released(id) => {
-                if let Some(q) = s.in_flight.remove(&id) {
-                    s.claim_queue(&myself, &q);
+            DispatcherMsg::Finished(q, n) => {
+                s.ctx.matchmaker.finished(&q, n);
+                if s.has_demand(&q) {
+                    s.demand(&myself, &q);
                 }
             }
-            DispatcherMsg::Extended(id, until) => s.in_flight.extend(&id, until),
             DispatcherMsg::Drain(reply) => {
                 s.draining = true;
-                let idle: Vec<u64> =
-                    s.waiters.keys().filter(|id| !s.claiming.contains(id)).copied().collect();
-                for id in idle {
-                    s.answer(id, Ok(Vec::new()));
+                for (id, w) in std::mem::take(&mut s.waiters) {
+                    s.ctx.matchmaker.remove(&w.queue, id);
+                    let _ = w.reply.send(Ok(Vec::new()));
                 }
-                for w in s.waiters.values_mut() {
-                    w.expired = true;
+                // Dropping a stream's task sender ends it; its worker reconnects elsewhere.
+                for (id, session) in std::mem::take(&mut s.sessions) {
+                    s.ctx.matchmaker.remove(&session.queue, id);
                 }
                 let _ = reply.send(());
             }
@@ -439,18 +560,21 @@ impl Actor for Dispatcher {
 mod tests {
     use super::*;
 
+    fn g(slot: u64) -> Grant {
+        Grant { worker_id: format!("w{slot}"), lease_ms: None, slot }
+    }
+
     #[test]
-    fn in_flight_counts_follow_claims_releases_and_expiry() {
-        let mut f = InFlight::default();
-        let q = ("ns".to_string(), "q".to_string());
-        f.add(&q, "a", 100);
-        f.add(&q, "b", 200);
-        assert_eq!(f.count(&q), 2);
-        f.extend("a", 300);
-        assert_eq!(f.prune(250), vec![q.clone()], "b's lease ended");
-        assert_eq!(f.count(&q), 1);
-        assert_eq!(f.remove("a"), Some(q.clone()));
-        assert_eq!(f.count(&q), 0);
-        assert_eq!(f.remove("a"), None);
+    fn grants_become_one_claim_slot_per_worker_in_order() {
+        let grants = vec![g(3), g(1), g(3), g(3), g(1)];
+        let slots = slots_of(&grants);
+        assert_eq!(
+            slots.iter().map(|s| (s.worker_id.as_str(), s.max)).collect::<Vec<_>>(),
+            [("w3", 3), ("w1", 2)]
+        );
+        assert_eq!(slot_ids(&grants), vec![3, 1]);
+        let many: Vec<Grant> = (0..600).map(|_| g(7)).collect();
+        assert_eq!(slots_of(&many).iter().map(|s| s.max).collect::<Vec<_>>(), [256, 256, 88]);
+        assert_eq!(slot_ids(&many), vec![7, 7, 7]);
     }
 }

@@ -1,84 +1,129 @@
-//! ShardLeaseManager: heartbeats this node's record and acquires, renews and releases shard
-//! leases so that live nodes converge to an even share. It starts a [`ShardOwner`] per shard
-//! it holds and stops it at once when the lease is lost. A restarted node takes back the
-//! leases recorded under its (stable) id without waiting for them to expire; the epoch rises,
-//! fencing off anything its previous incarnation still had in flight.
+//! The partition lease manager: heartbeats this node's record and acquires, renews and
+//! releases the leases of every partitioned space (execution shards; cron shards use the same
+//! mechanism) so that live nodes converge to an even share — of the primary region's nodes,
+//! when one is configured and any of them is alive. It starts the actor that works each
+//! partition it holds and stops it at once when the lease is lost, released or runs out
+//! unrenewed. A restarted node takes back the leases recorded under its (stable) id without
+//! waiting for them to expire; the epoch rises, fencing off anything its previous incarnation
+//! still had in flight. Every round is at most three transactions (renew all, acquire all,
+//! release all), each keeping what succeeded.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use kairos_layer::keys::Space;
 use kairos_layer::ops::Error;
-use kairos_proto::storage::v1::{Node, ShardLease};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use kairos_layer::ops::leases::PartitionLease;
+use kairos_proto::storage::v1::Node;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::context::{Ctx, send_after};
-use crate::shard_owner::{OwnerArgs, OwnerMsg, ShardOwner};
+use crate::shard_owner::{OwnerArgs, ShardOwner};
+
+/// A partition of a space.
+pub type PartitionId = (Space, u32);
 
 /// What one round of lease management does (the pure core).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LeasePlan {
-    /// Shards to renew (all held).
-    pub renew: Vec<u32>,
-    /// Shards to try to acquire, best first.
-    pub acquire: Vec<u32>,
-    /// Shards to give up (more than our share).
-    pub release: Vec<u32>,
+    /// Partitions to renew (all held).
+    pub renew: Vec<PartitionId>,
+    /// Partitions to try to acquire, best first.
+    pub acquire: Vec<PartitionId>,
+    /// Partitions to give up (more than our share, or another region's nodes are preferred).
+    pub release: Vec<PartitionId>,
 }
 
-/// Plans a round: hold `ceil(shards / live nodes)` shards, reclaim our own records first,
-/// then free or expired ones (starting at a node-specific offset so nodes do not all race for
-/// the same shards), and give up the excess.
+/// What the planner knows of the cluster.
+#[derive(Debug, Clone)]
+pub struct View<'a> {
+    /// This node's id.
+    pub node_id: &'a str,
+    /// This node's region.
+    pub region: &'a str,
+    /// The preferred region (empty: none).
+    pub primary_region: &'a str,
+    /// Now, by this node's clock.
+    pub now: i64,
+    /// A node is alive if it heartbeated within this.
+    pub node_ttl_ms: i64,
+    /// The clock-skew bound: a lease is free only this long after it expired.
+    pub skew_ms: i64,
+    /// Node records.
+    pub nodes: &'a [Node],
+    /// Leases on record.
+    pub leases: &'a [PartitionLease],
+}
+
+/// Plans a round for each `(space, partition count)`: hold `ceil(partitions / eligible
+/// nodes)` of each space, where the eligible nodes are the live nodes of the primary region
+/// if any is alive, else every live node. Reclaim our own records first, then free or expired
+/// ones (starting at a node-specific offset so nodes do not all race for the same
+/// partitions), and give up the excess — everything, for a node outside the primary region
+/// while a primary node lives.
 pub fn plan_leases(
-    node_id: &str,
-    now: i64,
-    node_ttl_ms: i64,
-    nodes: &[Node],
-    leases: &[ShardLease],
-    held: &BTreeSet<u32>,
-    shard_count: u32,
+    v: &View<'_>,
+    held: &BTreeSet<PartitionId>,
+    spaces: &[(Space, u32)],
 ) -> LeasePlan {
-    let alive = nodes
+    let live: Vec<&Node> = v
+        .nodes
         .iter()
-        .filter(|n| n.node_id != node_id && n.heartbeat_at_ms >= now - node_ttl_ms)
-        .count()
-        + 1;
-    let target = (shard_count as usize).div_ceil(alive);
-    let by_shard: BTreeMap<u32, &ShardLease> = leases.iter().map(|l| (l.shard, l)).collect();
+        .filter(|n| n.node_id != v.node_id && n.heartbeat_at_ms >= v.now - v.node_ttl_ms)
+        .collect();
+    let in_primary = |region: &str| v.primary_region.is_empty() || region == v.primary_region;
+    let primary_alive = !v.primary_region.is_empty()
+        && (v.region == v.primary_region || live.iter().any(|n| n.region == v.primary_region));
+    let eligible = |region: &str| !primary_alive || in_primary(region);
+    let me_eligible = eligible(v.region);
+    let peers = live.iter().filter(|n| eligible(&n.region)).count();
+    let by_part: BTreeMap<PartitionId, &PartitionLease> =
+        v.leases.iter().map(|l| ((l.space, l.partition), l)).collect();
     let mut plan = LeasePlan { renew: held.iter().copied().collect(), ..LeasePlan::default() };
-    if held.len() > target {
-        plan.release = held.iter().rev().take(held.len() - target).copied().collect();
-        return plan;
+    let offset = kairos_layer::ids::fnv1a64(v.node_id.as_bytes());
+    for &(space, count) in spaces {
+        let mine: Vec<PartitionId> = held.iter().filter(|(s, _)| *s == space).copied().collect();
+        let target = if me_eligible { (count as usize).div_ceil(peers + 1) } else { 0 };
+        if mine.len() > target {
+            plan.release.extend(mine.iter().rev().take(mine.len() - target));
+            continue;
+        }
+        let want = target - mine.len();
+        let ours = |p: &PartitionId| {
+            by_part.get(p).is_some_and(|l| l.owner == v.node_id && l.expires_at_ms > v.now)
+        };
+        let free = |p: &PartitionId| {
+            by_part.get(p).is_none_or(|l| l.expires_at_ms.saturating_add(v.skew_ms) <= v.now)
+        };
+        let start = (offset % u64::from(count.max(1))) as u32;
+        let order: Vec<PartitionId> = (0..count)
+            .map(|i| (space, (i + start) % count))
+            .filter(|p| !held.contains(p))
+            .collect();
+        plan.acquire.extend(
+            order
+                .iter()
+                .filter(|p| ours(p))
+                .chain(order.iter().filter(|p| free(p) && !ours(p)))
+                .take(want)
+                .copied(),
+        );
     }
-    let want = target - held.len();
-    let ours =
-        |s: &u32| by_shard.get(s).is_some_and(|l| l.owner == node_id && l.expires_at_ms > now);
-    let free = |s: &u32| by_shard.get(s).is_none_or(|l| l.expires_at_ms <= now);
-    let offset = (kairos_layer::ids::fnv1a64(node_id.as_bytes()) % u64::from(shard_count)) as u32;
-    let order: Vec<u32> = (0..shard_count)
-        .map(|i| (i + offset) % shard_count)
-        .filter(|s| !held.contains(s))
-        .collect();
-    plan.acquire = order
-        .iter()
-        .filter(|s| ours(s))
-        .chain(order.iter().filter(|s| free(s) && !ours(s)))
-        .take(want)
-        .copied()
-        .collect();
     plan
 }
 
 /// What a round did.
 #[derive(Debug, Default)]
 pub struct RoundOutcome {
-    /// Shards acquired: (shard, epoch, lease expiry).
-    pub acquired: Vec<(u32, u64, i64)>,
-    /// Shards renewed: (shard, lease expiry).
-    pub renewed: Vec<(u32, i64)>,
-    /// Shards whose lease was lost.
-    pub lost: Vec<u32>,
-    /// Shards given up.
-    pub released: Vec<u32>,
+    /// Partitions acquired: (partition, epoch, lease expiry).
+    pub acquired: Vec<(PartitionId, u64, i64)>,
+    /// Partitions renewed: (partition, lease expiry).
+    pub renewed: Vec<(PartitionId, i64)>,
+    /// Partitions whose lease was lost.
+    pub lost: Vec<PartitionId>,
+    /// Partitions given up.
+    pub released: Vec<PartitionId>,
 }
 
 /// Messages of the lease manager.
@@ -88,19 +133,20 @@ pub enum LeaseMsg {
     Tick,
     /// A round finished.
     Round(Result<RoundOutcome, Error>),
-    /// Stop every owner and release every lease.
+    /// Stop every partition actor and release every lease.
     Drain(RpcReplyPort<()>),
 }
 
 /// The lease manager actor.
-pub struct ShardLeaseManager;
+pub struct LeaseManager;
 
 /// State of the lease manager.
 pub struct LeaseState {
     ctx: Ctx,
-    held: BTreeMap<u32, (u64, ActorRef<OwnerMsg>)>,
+    spaces: Vec<Space>,
+    held: BTreeMap<PartitionId, (u64, ActorCell)>,
     /// Until when each held lease is known to be ours.
-    valid_until: BTreeMap<u32, i64>,
+    valid_until: BTreeMap<PartitionId, i64>,
     busy: bool,
     draining: bool,
     started_at_ms: i64,
@@ -117,72 +163,141 @@ impl LeaseState {
         }
         self.busy = true;
         let ctx = self.ctx.clone();
-        let held: BTreeMap<u32, u64> = self.held.iter().map(|(s, (e, _))| (*s, *e)).collect();
+        let held: BTreeMap<PartitionId, u64> =
+            self.held.iter().map(|(p, (e, _))| (*p, *e)).collect();
         let me = myself.clone();
         let started_at_ms = self.started_at_ms;
+        let spaces = self.spaces.clone();
         tokio::spawn(async move {
-            let r = run_round(&ctx, &held, started_at_ms).await;
+            let r = run_round(&ctx, &spaces, &held, started_at_ms).await;
             let _ = me.send_message(LeaseMsg::Round(r));
         });
+    }
+
+    /// Starts the actor that works `p` under `epoch`.
+    async fn start_worker(
+        &self,
+        myself: &ActorRef<LeaseMsg>,
+        p: PartitionId,
+        epoch: u64,
+    ) -> Result<ActorCell, ractor::SpawnErr> {
+        match p.0 {
+            Space::Executions => {
+                let args = OwnerArgs { ctx: self.ctx.clone(), shard: p.1, epoch };
+                let (a, _) = Actor::spawn_linked(None, ShardOwner, args, myself.get_cell()).await?;
+                Ok(a.get_cell())
+            }
+            Space::Cron => {
+                Err(ractor::SpawnErr::StartupFailed("no cron partition worker on this node".into()))
+            }
+        }
+    }
+}
+
+/// This node's record as it heartbeats it.
+fn node_record(ctx: &Ctx, started_at_ms: i64) -> Node {
+    let c = &ctx.config;
+    Node {
+        node_id: ctx.node_id.clone(),
+        address: c.listen_http.to_string(),
+        grpc_address: c.listen_grpc.to_string(),
+        region: c.region.clone(),
+        heartbeat_at_ms: 0,
+        capacity: 0,
+        started_at_ms,
+        version: crate::VERSION.to_string(),
     }
 }
 
 async fn run_round(
     ctx: &Ctx,
-    held: &BTreeMap<u32, u64>,
+    spaces: &[Space],
+    held: &BTreeMap<PartitionId, u64>,
     started_at_ms: i64,
 ) -> Result<RoundOutcome, Error> {
     let c = &ctx.config;
     let sched = &ctx.sched;
-    let me = Node {
-        node_id: ctx.node_id.clone(),
-        address: c.listen_http.to_string(),
-        region: c.region.clone(),
-        heartbeat_at_ms: 0,
-        capacity: 0,
-        started_at_ms,
-    };
-    sched.heartbeat_node(me).await?;
+    sched.heartbeat_node(node_record(ctx, started_at_ms)).await?;
     let nodes = sched.nodes().await?;
-    let leases = sched.shard_leases().await?;
-    let held_set: BTreeSet<u32> = held.keys().copied().collect();
-    let plan = plan_leases(
-        &ctx.node_id,
-        ctx.now_ms(),
-        c.node_ttl_ms as i64,
-        &nodes,
-        &leases,
-        &held_set,
-        sched.config().shard_count,
-    );
+    let mut leases = Vec::new();
+    for space in spaces {
+        leases.extend(sched.partition_leases(*space).await?);
+    }
+    let now = ctx.now_ms();
+    let skew = c.max_clock_skew_ms as i64;
+    for n in nodes.iter().filter(|n| n.node_id != ctx.node_id) {
+        // A heartbeat cannot come from the future: one further ahead than the bound means the
+        // clocks differ by more than the design assumes.
+        if n.heartbeat_at_ms > now + skew {
+            ctx.metrics.clock_skew_suspected.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                node = %n.node_id,
+                ahead_ms = n.heartbeat_at_ms - now,
+                max_clock_skew_ms = skew,
+                "another node's clock runs ahead of this one by more than max_clock_skew_ms: \
+                 leases may be taken over early; fix the clocks (NTP)"
+            );
+        }
+    }
+    let view = View {
+        node_id: &ctx.node_id,
+        region: &c.region,
+        primary_region: &c.primary_region,
+        now,
+        node_ttl_ms: c.node_ttl_ms as i64,
+        skew_ms: skew,
+        nodes: &nodes,
+        leases: &leases,
+    };
+    let counts: Vec<(Space, u32)> =
+        spaces.iter().map(|s| (*s, sched.partition_count(*s))).collect();
+    let held_set: BTreeSet<PartitionId> = held.keys().copied().collect();
+    let plan = plan_leases(&view, &held_set, &counts);
     let duration = c.shard_lease_ms as i64;
     let mut out = RoundOutcome::default();
-    for shard in &plan.renew {
-        match sched.renew_shard(*shard, &ctx.node_id, held[shard], duration).await {
-            Ok(l) => out.renewed.push((*shard, l.expires_at_ms)),
-            Err(e @ Error::OwnershipLost { .. }) => {
-                tracing::warn!(shard, error = %e, "shard lease lost");
-                out.lost.push(*shard);
+    let renew: Vec<(Space, u32, u64)> = plan.renew.iter().map(|p| (p.0, p.1, held[p])).collect();
+    if !renew.is_empty() {
+        // A failed renewal round keeps nothing; the owners stop if their leases run out.
+        for (r, p) in sched
+            .renew_partitions(&renew, &ctx.node_id, duration)
+            .await?
+            .into_iter()
+            .zip(&plan.renew)
+        {
+            match r {
+                Ok(l) => out.renewed.push((*p, l.expires_at_ms)),
+                Err(e) => {
+                    tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "lease lost");
+                    out.lost.push(*p);
+                }
             }
-            // Not renewed this round; the owner stops if the lease runs out meanwhile.
-            Err(e) => tracing::warn!(shard, error = %e, "shard lease not renewed"),
         }
     }
-    for shard in plan.acquire {
-        match sched.acquire_shard(shard, &ctx.node_id, duration).await {
-            Ok(l) => out.acquired.push((shard, l.epoch, l.expires_at_ms)),
-            Err(Error::LeaseHeld { .. }) => {}
-            Err(e) => return Err(e),
+    if !plan.acquire.is_empty() {
+        match sched.acquire_partitions(&plan.acquire, &ctx.node_id, duration, skew).await {
+            Ok(results) => {
+                for (r, p) in results.into_iter().zip(&plan.acquire) {
+                    if let Ok(l) = r {
+                        out.acquired.push((*p, l.epoch, l.expires_at_ms));
+                    }
+                }
+            }
+            // What was renewed stays renewed; acquiring is tried again next round.
+            Err(e) => tracing::warn!(error = %e, "acquiring leases failed; retrying next round"),
         }
     }
-    for shard in &plan.release {
-        sched.release_shard(*shard, &ctx.node_id, held[shard]).await?;
+    if !plan.release.is_empty() {
+        let release: Vec<(Space, u32, u64)> =
+            plan.release.iter().map(|p| (p.0, p.1, held[p])).collect();
+        match sched.release_partitions(&release, &ctx.node_id).await {
+            Ok(()) => out.released = plan.release,
+            Err(e) => tracing::warn!(error = %e, "releasing leases failed; retrying next round"),
+        }
     }
-    out.released = plan.release;
     Ok(out)
 }
 
-impl Actor for ShardLeaseManager {
+impl Actor for LeaseManager {
     type Msg = LeaseMsg;
     type State = LeaseState;
     type Arguments = Ctx;
@@ -195,6 +310,7 @@ impl Actor for ShardLeaseManager {
         let started_at_ms = ctx.now_ms();
         let mut s = LeaseState {
             ctx,
+            spaces: vec![Space::Executions],
             held: BTreeMap::new(),
             valid_until: BTreeMap::new(),
             busy: false,
@@ -214,19 +330,23 @@ impl Actor for ShardLeaseManager {
         match msg {
             LeaseMsg::Tick => {
                 // A lease that ran out without a renewal may already be someone else's: stop
-                // its owner now rather than wait to be fenced out.
+                // its worker now rather than wait to be fenced out.
                 let now = s.ctx.now_ms();
-                let lapsed: Vec<u32> = s
+                let lapsed: Vec<PartitionId> = s
                     .valid_until
                     .iter()
                     .filter(|(_, until)| **until <= now)
-                    .map(|(s, _)| *s)
+                    .map(|(p, _)| *p)
                     .collect();
-                for shard in lapsed {
-                    s.valid_until.remove(&shard);
-                    if let Some((_, owner)) = s.held.remove(&shard) {
-                        tracing::warn!(shard, "shard lease ran out unrenewed: stopping its owner");
-                        owner.stop(Some("lease expired".into()));
+                for p in lapsed {
+                    s.valid_until.remove(&p);
+                    if let Some((_, worker)) = s.held.remove(&p) {
+                        tracing::warn!(
+                            space = p.0.name(),
+                            partition = p.1,
+                            "lease ran out unrenewed: stopping its worker"
+                        );
+                        worker.stop(Some("lease expired".into()));
                     }
                 }
                 s.round(&myself)
@@ -235,37 +355,34 @@ impl Actor for ShardLeaseManager {
                 s.busy = false;
                 match r {
                     Ok(RoundOutcome { acquired, renewed, lost, released }) => {
-                        for (shard, until) in renewed {
-                            s.valid_until.insert(shard, until);
+                        for (p, until) in renewed {
+                            s.valid_until.insert(p, until);
                         }
                         if !acquired.is_empty() || !lost.is_empty() || !released.is_empty() {
                             tracing::info!(
                                 acquired = acquired.len(),
                                 lost = lost.len(),
                                 released = released.len(),
-                                "shard leases changed"
+                                "leases changed"
                             );
                         }
-                        for shard in lost.iter().chain(&released) {
-                            s.valid_until.remove(shard);
-                            if let Some((_, owner)) = s.held.remove(shard) {
-                                owner.stop(Some("lease lost or released".into()));
+                        for p in lost.iter().chain(&released) {
+                            s.valid_until.remove(p);
+                            if let Some((_, worker)) = s.held.remove(p) {
+                                worker.stop(Some("lease lost or released".into()));
                             }
                         }
-                        for (shard, epoch, until) in acquired {
+                        for (p, epoch, until) in acquired {
                             if s.draining {
                                 break;
                             }
-                            s.valid_until.insert(shard, until);
-                            let args = OwnerArgs { ctx: s.ctx.clone(), shard, epoch };
-                            match Actor::spawn_linked(None, ShardOwner, args, myself.get_cell())
-                                .await
-                            {
-                                Ok((owner, _)) => {
-                                    s.held.insert(shard, (epoch, owner));
+                            match s.start_worker(&myself, p, epoch).await {
+                                Ok(worker) => {
+                                    s.valid_until.insert(p, until);
+                                    s.held.insert(p, (epoch, worker));
                                 }
                                 Err(e) => {
-                                    tracing::warn!(shard, error = %e, "cannot start a shard owner")
+                                    tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "cannot start a partition worker")
                                 }
                             }
                         }
@@ -280,13 +397,15 @@ impl Actor for ShardLeaseManager {
                 s.draining = true;
                 s.valid_until.clear();
                 let held = std::mem::take(&mut s.held);
-                for (shard, (epoch, owner)) in held {
-                    let _ = owner
+                let mut release = Vec::new();
+                for ((space, partition), (epoch, worker)) in held {
+                    let _ = worker
                         .stop_and_wait(Some("draining".into()), Some(Duration::from_secs(5)))
                         .await;
-                    if let Err(e) = s.ctx.sched.release_shard(shard, &s.ctx.node_id, epoch).await {
-                        tracing::warn!(shard, error = %e, "could not release the lease; it will expire");
-                    }
+                    release.push((space, partition, epoch));
+                }
+                if let Err(e) = s.ctx.sched.release_partitions(&release, &s.ctx.node_id).await {
+                    tracing::warn!(error = %e, "could not release the leases; they will expire");
                 }
                 if let Err(e) = s.ctx.sched.remove_node(&s.ctx.node_id).await {
                     tracing::warn!(error = %e, "could not remove the node record; it will go stale");
@@ -303,18 +422,18 @@ impl Actor for ShardLeaseManager {
         evt: SupervisionEvent,
         s: &mut LeaseState,
     ) -> Result<(), ActorProcessingErr> {
-        // An owner that stopped (ownership lost) or failed is forgotten; the next round takes
-        // the shard again if it is still ours to take (with a new epoch).
+        // A partition worker that stopped (ownership lost) or failed is forgotten; the next
+        // round takes the partition again if it is still ours to take (with a new epoch).
         if let SupervisionEvent::ActorTerminated(cell, ..)
         | SupervisionEvent::ActorFailed(cell, _) = &evt
         {
             if let SupervisionEvent::ActorFailed(_, e) = &evt {
-                tracing::warn!(error = %e, "shard owner failed");
-                s.ctx.metrics.actor_restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(error = %e, "partition worker failed");
+                s.ctx.metrics.actor_restarts.fetch_add(1, Ordering::Relaxed);
             }
-            s.held.retain(|_, (_, owner)| owner.get_id() != cell.get_id());
+            s.held.retain(|_, (_, worker)| worker.get_id() != cell.get_id());
             let held = &s.held;
-            s.valid_until.retain(|shard, _| held.contains_key(shard));
+            s.valid_until.retain(|p, _| held.contains_key(p));
         }
         Ok(())
     }
@@ -324,47 +443,107 @@ impl Actor for ShardLeaseManager {
 mod tests {
     use super::*;
 
-    fn node(id: &str, hb: i64) -> Node {
-        Node { node_id: id.into(), heartbeat_at_ms: hb, ..Node::default() }
+    const E: Space = Space::Executions;
+
+    fn node(id: &str, region: &str, hb: i64) -> Node {
+        Node { node_id: id.into(), region: region.into(), heartbeat_at_ms: hb, ..Node::default() }
     }
 
-    fn lease(shard: u32, owner: &str, expires: i64) -> ShardLease {
-        ShardLease { shard, owner: owner.into(), epoch: 1, expires_at_ms: expires }
+    fn lease(p: u32, owner: &str, expires: i64) -> PartitionLease {
+        PartitionLease {
+            space: E,
+            partition: p,
+            owner: owner.into(),
+            epoch: 1,
+            expires_at_ms: expires,
+        }
+    }
+
+    fn view<'a>(
+        me: &'a str,
+        region: &'a str,
+        nodes: &'a [Node],
+        leases: &'a [PartitionLease],
+    ) -> View<'a> {
+        View {
+            node_id: me,
+            region,
+            primary_region: "",
+            now: 1_000,
+            node_ttl_ms: 30_000,
+            skew_ms: 0,
+            nodes,
+            leases,
+        }
     }
 
     #[test]
-    fn a_lone_node_takes_every_shard() {
-        let p = plan_leases("a", 1_000, 30_000, &[node("a", 1_000)], &[], &BTreeSet::new(), 8);
-        assert_eq!(p.acquire.len(), 8);
+    fn a_lone_node_takes_every_partition_of_every_space() {
+        let nodes = [node("a", "r", 1_000)];
+        let v = view("a", "r", &nodes, &[]);
+        let p = plan_leases(&v, &BTreeSet::new(), &[(E, 8), (Space::Cron, 4)]);
+        assert_eq!(p.acquire.len(), 12);
         assert!(p.release.is_empty());
     }
 
     #[test]
     fn two_live_nodes_split_and_dead_ones_do_not_count() {
-        let nodes = [node("a", 1_000), node("b", 1_000), node("dead", -100_000)];
-        let leases: Vec<ShardLease> = (0..4).map(|s| lease(s, "b", 5_000)).collect();
-        let p = plan_leases("a", 1_000, 30_000, &nodes, &leases, &BTreeSet::new(), 8);
+        let nodes = [node("a", "r", 1_000), node("b", "r", 1_000), node("dead", "r", -100_000)];
+        let leases: Vec<PartitionLease> = (0..4).map(|s| lease(s, "b", 5_000)).collect();
+        let p = plan_leases(&view("a", "r", &nodes, &leases), &BTreeSet::new(), &[(E, 8)]);
         assert_eq!(p.acquire.len(), 4, "half of 8");
-        assert!(p.acquire.iter().all(|s| *s >= 4), "only free shards: {:?}", p.acquire);
-        // Holding more than the share: give up the excess.
-        let held: BTreeSet<u32> = (0..8).collect();
-        let p = plan_leases("a", 1_000, 30_000, &nodes, &[], &held, 8);
+        assert!(p.acquire.iter().all(|(_, s)| *s >= 4), "only free partitions: {:?}", p.acquire);
+        let held: BTreeSet<PartitionId> = (0..8).map(|s| (E, s)).collect();
+        let p = plan_leases(&view("a", "r", &nodes, &[]), &held, &[(E, 8)]);
         assert_eq!(p.release.len(), 4);
         assert_eq!(p.renew.len(), 8);
     }
 
     #[test]
     fn a_restarted_node_reclaims_its_own_leases_first() {
-        let nodes = [node("a", 1_000), node("b", 1_000)];
+        let nodes = [node("a", "r", 1_000), node("b", "r", 1_000)];
         let leases = vec![lease(6, "a", 9_000), lease(7, "a", 9_000), lease(0, "b", 9_000)];
-        let p = plan_leases("a", 1_000, 30_000, &nodes, &leases, &BTreeSet::new(), 8);
+        let p = plan_leases(&view("a", "r", &nodes, &leases), &BTreeSet::new(), &[(E, 8)]);
         assert_eq!(
-            &p.acquire[..2].iter().copied().collect::<BTreeSet<_>>(),
-            &BTreeSet::from([6, 7])
+            p.acquire[..2].iter().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from([(E, 6), (E, 7)])
         );
-        assert!(!p.acquire.contains(&0), "b's live lease is left alone");
-        // Expired leases of others are free.
-        let p = plan_leases("a", 10_000, 30_000, &nodes, &leases, &BTreeSet::new(), 8);
-        assert!(p.acquire.contains(&0) || p.acquire.len() == 4);
+        assert!(!p.acquire.contains(&(E, 0)), "b's live lease is left alone");
+    }
+
+    #[test]
+    fn an_expired_lease_is_free_only_past_the_skew_bound() {
+        let nodes = [node("a", "r", 1_000)];
+        let leases = vec![lease(0, "b", 900)];
+        let mut v = view("a", "r", &nodes, &leases);
+        v.skew_ms = 250;
+        assert!(!plan_leases(&v, &BTreeSet::new(), &[(E, 1)]).acquire.contains(&(E, 0)));
+        v.now = 1_150;
+        assert!(plan_leases(&v, &BTreeSet::new(), &[(E, 1)]).acquire.contains(&(E, 0)));
+    }
+
+    #[test]
+    fn the_primary_regions_nodes_hold_the_leases_while_any_lives() {
+        let nodes =
+            [node("p1", "east", 1_000), node("p2", "east", 1_000), node("r1", "west", 1_000)];
+        let mut v = view("r1", "west", &nodes, &[]);
+        v.primary_region = "east";
+        let held: BTreeSet<PartitionId> = [(E, 0), (E, 1)].into();
+        let p = plan_leases(&v, &held, &[(E, 8)]);
+        assert!(p.acquire.is_empty(), "a remote node takes nothing");
+        assert_eq!(p.release.len(), 2, "and gives back what it holds");
+        let mut v = view("p1", "east", &nodes, &[]);
+        v.primary_region = "east";
+        assert_eq!(
+            plan_leases(&v, &BTreeSet::new(), &[(E, 8)]).acquire.len(),
+            4,
+            "8 over 2 primary nodes"
+        );
+        // The primary region is gone: the remote node takes everything.
+        let nodes =
+            [node("p1", "east", -60_000), node("p2", "east", -60_000), node("r1", "west", 1_000)];
+        let mut v = view("r1", "west", &nodes, &[]);
+        v.primary_region = "east";
+        assert_eq!(plan_leases(&v, &BTreeSet::new(), &[(E, 8)]).acquire.len(), 8);
     }
 }

@@ -2,25 +2,31 @@
 //! the `kairos` binary.
 //!
 //! ```text
-//! NodeSupervisor ─┬─ ShardLeaseManager ── ShardOwner (per owned shard) ── ExecutionSupervisor (per in-flight execution)
-//!                 └─ Dispatcher (workers' long polls)
+//! NodeSupervisor ─┬─ LeaseManager ── ShardOwner (per owned shard) ── ExecutionSupervisor (per in-flight execution)
+//!                 └─ Dispatcher (worker streams and long polls)
+//! shared: Matchmaker (waiting workers' credits), Batcher (results and heartbeats → few transactions)
 //! ```
 //! Decision logic lives in pure cores ([`window`], [`lease_manager::plan_leases`],
-//! [`execution::on_wake`], [`dispatcher::InFlight`]); actors perform the effects, never wait
-//! on the store inside a handler (transactions run in spawned tasks that report back), use no
-//! named-actor registry, and take every wait from the injected clock.
+//! [`execution_supervisor::on_wake`], [`matchmaker::Matchmaker`]); actors perform the effects,
+//! never wait on the store inside a handler (transactions run in spawned tasks that report
+//! back), use no named-actor registry, and take every wait from the injected clock.
 
 pub mod api;
+pub mod batcher;
 pub mod cli;
 pub mod config;
 pub mod context;
 pub mod dispatcher;
-pub mod execution;
+pub mod execution_supervisor;
 pub mod lease_manager;
+pub mod matchmaker;
 pub mod metrics;
 pub mod node;
+pub mod node_supervisor;
 pub mod shard_owner;
-pub mod supervisor;
 pub mod window;
 
 pub use node::Node;
+
+/// This build's version (`kairos --version`, the node record).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -51,7 +51,8 @@ impl Histogram {
 }
 
 /// Attempt outcomes counted by [`Metrics::attempts`].
-pub const OUTCOMES: [&str; 4] = ["succeeded", "failed", "timed_out", "fenced_out"];
+pub const OUTCOMES: [&str; 6] =
+    ["succeeded", "failed", "timed_out", "fenced_out", "released", "cancelled"];
 
 /// The node's metrics. One per node, shared by its actors.
 #[derive(Debug, Default)]
@@ -67,15 +68,24 @@ pub struct Metrics {
     /// Other retryable store errors.
     pub store_retries_other: AtomicU64,
     /// Attempt outcomes (index into [`OUTCOMES`]).
-    pub attempts: [AtomicU64; 4],
+    pub attempts: [AtomicU64; OUTCOMES.len()],
     /// Retries scheduled (RETRY_WAIT entered).
     pub retries: AtomicU64,
     /// Attempt leases that expired.
     pub lease_expiries: AtomicU64,
     /// Timers fired by this node.
     pub timers_fired: AtomicU64,
-    /// Executions claimed through this node.
+    /// Executions handed to workers through this node.
     pub claimed: AtomicU64,
+    /// Executions started for a waiting worker by the transaction that fired them.
+    pub matched_at_fire: AtomicU64,
+    /// Claimed executions whose worker vanished, released back to READY.
+    pub orphans_released: AtomicU64,
+    /// Timers put aside as unprocessable (see the admin API's `Quarantined`).
+    pub quarantined: AtomicU64,
+    /// Times another node's heartbeat appeared further in this node's future than
+    /// `max_clock_skew_ms` allows.
+    pub clock_skew_suspected: AtomicU64,
     /// Executions submitted through this node.
     pub submitted: AtomicU64,
     /// Shards this node owns.
@@ -178,6 +188,30 @@ impl Metrics {
             "kairos_claimed_total",
             "Executions claimed through this node.",
             load(&self.claimed),
+        );
+        counter(
+            &mut out,
+            "kairos_matched_at_fire_total",
+            "Executions started for a waiting worker by the transaction that fired them.",
+            load(&self.matched_at_fire),
+        );
+        counter(
+            &mut out,
+            "kairos_orphans_released_total",
+            "Claimed executions whose worker vanished before delivery, released to READY.",
+            load(&self.orphans_released),
+        );
+        counter(
+            &mut out,
+            "kairos_quarantined_total",
+            "Timers put aside as unprocessable by this node.",
+            load(&self.quarantined),
+        );
+        counter(
+            &mut out,
+            "kairos_clock_skew_suspected_total",
+            "Other nodes' heartbeats seen further ahead than max_clock_skew_ms.",
+            load(&self.clock_skew_suspected),
         );
         counter(
             &mut out,

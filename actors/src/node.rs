@@ -8,20 +8,25 @@ use std::time::Duration;
 use kairos_layer::env::{Rng, SharedClock};
 use kairos_layer::keys::Keyspace;
 use kairos_layer::kv::Database;
+use std::collections::BTreeMap;
+
 use kairos_layer::ops::claim::Claimed;
+use kairos_layer::ops::control::Cancelled;
 use kairos_layer::ops::submit::{SubmitRequest, Submitted};
-use kairos_layer::ops::worker::{Completion, HeartbeatOutcome};
+use kairos_layer::ops::worker::{Beat, Completion, HeartbeatOutcome, Outcome, Report};
 use kairos_layer::ops::{self, ClusterParams, Error, Scheduler, timer_of};
 use kairos_proto::storage::v1::{Execution, ExecutionError, ExecutionStatus};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
 
+use crate::batcher::Batcher;
 use crate::config::NodeConfig;
 use crate::context::{Ctx, Routes};
-use crate::dispatcher::{DispatcherMsg, PollRequest};
+use crate::dispatcher::{DispatcherMsg, PollRequest, SessionOpen};
+use crate::matchmaker::Matchmaker;
 use crate::metrics::Metrics;
-use crate::supervisor::{NodeMsg, NodeSupervisor};
+use crate::node_supervisor::{NodeMsg, NodeSupervisor};
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -69,10 +74,13 @@ impl Node {
         let params = ClusterParams {
             shard_count: config.shard_count,
             bucket_width_ms: config.bucket_width_ms,
+            ready_partitions: config.ready_partitions(),
         };
         let sched =
             Scheduler::open(db, Keyspace::new(&config.cluster), clock.clone(), rng, params).await?;
         let ctx = Ctx {
+            batcher: Batcher::start(sched.clone()),
+            matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
             sched,
             clock,
             metrics,
@@ -158,26 +166,127 @@ impl Node {
         }
     }
 
+    /// Opens a worker stream's slot in the dispatcher; tasks for it go to `open.tasks`.
+    pub async fn open_session(&self, open: SessionOpen) -> ops::Result<u64> {
+        let Some(d) = self.ctx().routes.dispatcher() else {
+            return Err(Error::FailedPrecondition(
+                "the node is not serving workers (draining or restarting)".into(),
+            ));
+        };
+        match d.call(|r| DispatcherMsg::Open(open, r), Some(CALL_SLACK)).await {
+            Ok(CallResult::Success(id)) => Ok(id),
+            _ => Err(Error::FailedPrecondition("the dispatcher stopped; reconnect".into())),
+        }
+    }
+
+    /// A worker stream has `n` more free slots.
+    pub fn session_credits(&self, id: u64, n: usize) {
+        self.dispatcher_cast(DispatcherMsg::Credits(id, n));
+    }
+
+    /// A worker stream closed.
+    pub fn close_session(&self, id: u64) {
+        self.dispatcher_cast(DispatcherMsg::Close(id));
+    }
+
+    /// Claimed executions whose worker vanished before getting them.
+    pub fn orphans(&self, claimed: Vec<Claimed>) {
+        if claimed.is_empty() {
+            return;
+        }
+        match self.ctx().routes.dispatcher() {
+            Some(d) => {
+                let _ = d.send_message(DispatcherMsg::Orphans(claimed));
+            }
+            None => {
+                tracing::warn!(n = claimed.len(), "undelivered executions wait for their lease")
+            }
+        }
+    }
+
     fn dispatcher_cast(&self, msg: DispatcherMsg) {
         if let Some(d) = self.ctx().routes.dispatcher() {
             let _ = d.send_message(msg);
         }
     }
 
-    fn count_fenced<T>(&self, r: &ops::Result<T>) {
-        if matches!(r, Err(Error::FencedOut { .. })) {
-            self.ctx().metrics.attempt("fenced_out");
+    /// Extends attempts' leases (fenced), batched with other heartbeats arriving meanwhile.
+    pub async fn heartbeat_many(
+        &self,
+        beats: Vec<Beat>,
+    ) -> ops::Result<Vec<ops::Result<HeartbeatOutcome>>> {
+        let out = self.ctx().batcher.heartbeat(beats).await?;
+        for r in &out {
+            if matches!(r, Err(Error::FencedOut { .. })) {
+                self.ctx().metrics.attempt("fenced_out");
+            }
         }
+        Ok(out)
     }
 
     /// Extends an attempt's lease (fenced).
     pub async fn heartbeat(&self, ns: &str, id: &str, token: u64) -> ops::Result<HeartbeatOutcome> {
-        let r = self.ctx().sched.heartbeat(ns, id, token).await;
-        self.count_fenced(&r);
-        if let Ok(h) = &r {
-            self.dispatcher_cast(DispatcherMsg::Extended(id.to_string(), h.lease_expires_at_ms));
+        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token };
+        self.heartbeat_many(vec![beat])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Corrupt("heartbeat result missing".into())))
+    }
+
+    /// Applies workers' results (fenced), batched with other results arriving meanwhile into
+    /// one transaction; each gets its own result.
+    pub async fn report(&self, items: Vec<Report>) -> ops::Result<Vec<ops::Result<Execution>>> {
+        let kinds: Vec<&'static str> = items
+            .iter()
+            .map(|r| match r.outcome {
+                Outcome::Success { .. } => "succeeded",
+                Outcome::Failure(_) => "failed",
+                Outcome::Release => "released",
+            })
+            .collect();
+        let out = self.ctx().batcher.report(items).await?;
+        let m = &self.ctx().metrics;
+        let mut finished: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for (r, kind) in out.iter().zip(kinds) {
+            match r {
+                Err(Error::FencedOut { .. }) => m.attempt("fenced_out"),
+                Err(_) => {}
+                Ok(e) => {
+                    m.attempt(if e.status() == ExecutionStatus::Cancelled {
+                        "cancelled"
+                    } else {
+                        kind
+                    });
+                    match e.status() {
+                        ExecutionStatus::RetryWait => {
+                            m.retries.fetch_add(1, Ordering::Relaxed);
+                        }
+                        ExecutionStatus::Ready => {
+                            self.ctx().routes.ready_hint(&e.namespace, &e.queue)
+                        }
+                        _ => {}
+                    }
+                    if let Some(t) = timer_of(e) {
+                        self.ctx().routes.timer_hint(t);
+                    }
+                    let q = (e.namespace.clone(), e.queue.clone());
+                    if self.ctx().matchmaker.is_limited(&q) {
+                        *finished.entry(q).or_default() += 1;
+                    }
+                }
+            }
         }
-        r
+        for (q, n) in finished {
+            self.dispatcher_cast(DispatcherMsg::Finished(q, n));
+        }
+        Ok(out)
+    }
+
+    async fn report_one(&self, r: Report) -> ops::Result<Execution> {
+        self.report(vec![r])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(Error::Corrupt("result missing".into())))
     }
 
     /// Completes an attempt (fenced).
@@ -189,13 +298,13 @@ impl Node {
         output_json: Vec<u8>,
         output_reference: String,
     ) -> ops::Result<Execution> {
-        let r = self.ctx().sched.complete(ns, id, token, output_json, output_reference).await;
-        self.count_fenced(&r);
-        if r.is_ok() {
-            self.ctx().metrics.attempt("succeeded");
-            self.dispatcher_cast(DispatcherMsg::Released(id.to_string()));
-        }
-        r
+        self.report_one(Report {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            outcome: Outcome::Success { output_json, output_reference },
+        })
+        .await
     }
 
     /// Completes many attempts in one transaction (a worker flushing its finished slots).
@@ -203,15 +312,7 @@ impl Node {
         &self,
         items: Vec<Completion>,
     ) -> ops::Result<Vec<ops::Result<Execution>>> {
-        let out = self.ctx().sched.complete_many(items).await?;
-        for r in &out {
-            self.count_fenced(r);
-            if let Ok(e) = r {
-                self.ctx().metrics.attempt("succeeded");
-                self.dispatcher_cast(DispatcherMsg::Released(e.id.clone()));
-            }
-        }
-        Ok(out)
+        self.report(items.into_iter().map(Report::from).collect()).await
     }
 
     /// Fails an attempt (fenced); retryable errors are retried per the retry policy.
@@ -222,24 +323,17 @@ impl Node {
         token: u64,
         error: ExecutionError,
     ) -> ops::Result<Execution> {
-        let r = self.ctx().sched.fail(ns, id, token, error).await;
-        self.count_fenced(&r);
-        if let Ok(e) = &r {
-            let m = &self.ctx().metrics;
-            m.attempt("failed");
-            if e.status() == ExecutionStatus::RetryWait {
-                m.retries.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Some(t) = timer_of(e) {
-                self.ctx().routes.timer_hint(t);
-            }
-            self.dispatcher_cast(DispatcherMsg::Released(id.to_string()));
-        }
-        r
+        self.report_one(Report {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            outcome: Outcome::Failure(error),
+        })
+        .await
     }
 
-    /// Cancels an execution that has not started.
-    pub async fn cancel(&self, ns: &str, id: &str) -> ops::Result<Execution> {
+    /// Cancels an execution: a pending one at once, a running one through its worker.
+    pub async fn cancel(&self, ns: &str, id: &str) -> ops::Result<Cancelled> {
         self.ctx().sched.cancel(ns, id).await
     }
 

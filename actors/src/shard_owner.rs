@@ -19,7 +19,8 @@ use kairos_proto::storage::v1::{ExecutionStatus, TimerKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::context::{Ctx, send_after};
-use crate::execution::{ExecMsg, ExecutionSupervisor, SupervisorArgs};
+use crate::dispatcher::DispatcherMsg;
+use crate::execution_supervisor::{ExecMsg, ExecutionSupervisor, SupervisorArgs};
 use crate::window::{OwnerAction, Window};
 
 /// Messages of a shard owner.
@@ -106,10 +107,11 @@ impl OwnerState {
             match action {
                 OwnerAction::Fire => {
                     let (sched, me) = (self.ctx.sched.clone(), myself.clone());
+                    let matcher = self.ctx.matchmaker.clone();
                     let (shard, epoch, batch) =
                         (self.shard, self.epoch, self.ctx.config.fire_batch);
                     tokio::spawn(async move {
-                        let r = sched.fire_due(shard, epoch, now, batch).await;
+                        let r = sched.fire_due(shard, epoch, now, batch, Some(&*matcher)).await;
                         let _ = me.send_message(OwnerMsg::Fired(r, now));
                     });
                 }
@@ -181,7 +183,7 @@ impl Actor for ShardOwner {
         let now = args.ctx.now_ms();
         let window =
             Window::new(now, c.window_ms as i64, c.poll_interval_ms as i64, c.window_timers_max);
-        args.ctx.routes.set_owner(args.shard, Some(myself.clone()));
+        args.ctx.routes.set_owner(args.shard, myself.clone());
         args.ctx.metrics.shards_owned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(shard = args.shard, epoch = args.epoch, "shard owner started");
         let mut state = OwnerState {
@@ -199,10 +201,10 @@ impl Actor for ShardOwner {
 
     async fn post_stop(
         &self,
-        _: ActorRef<OwnerMsg>,
+        myself: ActorRef<OwnerMsg>,
         state: &mut OwnerState,
     ) -> Result<(), ActorProcessingErr> {
-        state.ctx.routes.set_owner(state.shard, None);
+        state.ctx.routes.remove_owner(state.shard, myself.get_id());
         state.ctx.metrics.shards_owned.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(shard = state.shard, epoch = state.epoch, "shard owner stopped");
         Ok(())
@@ -221,10 +223,37 @@ impl Actor for ShardOwner {
                 }
             }
             OwnerMsg::Hint(t) => state.route(t),
-            OwnerMsg::Fired(Ok(out), at) => {
+            OwnerMsg::Fired(Ok(mut out), at) => {
                 let now = state.ctx.now_ms();
+                let m = &state.ctx.metrics;
                 for f in &out.fired {
                     after_fired(&state.ctx, f, now);
+                }
+                m.quarantined
+                    .fetch_add(out.quarantined as u64, std::sync::atomic::Ordering::Relaxed);
+                let matched: Vec<_> =
+                    out.fired.iter_mut().filter_map(|f| f.matched.take()).collect();
+                if !matched.is_empty() || !out.orphaned.is_empty() {
+                    m.matched_at_fire
+                        .fetch_add(matched.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    match state.ctx.routes.dispatcher() {
+                        Some(d) => {
+                            if !matched.is_empty() {
+                                let _ = d.send_message(DispatcherMsg::Matched(matched));
+                            }
+                            if !out.orphaned.is_empty() {
+                                let _ = d.send_message(DispatcherMsg::Orphans(std::mem::take(
+                                    &mut out.orphaned,
+                                )));
+                            }
+                        }
+                        // No dispatcher (draining): the leases run out and the retry policy
+                        // applies.
+                        None => tracing::warn!(
+                            shard = state.shard,
+                            "matched executions with no dispatcher to deliver them"
+                        ),
+                    }
                 }
                 hint_ready_queues(&state.ctx, &out.fired);
                 for f in out.fired {

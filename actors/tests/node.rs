@@ -92,6 +92,7 @@ fn submit_at(at: i64, n: i64) -> SubmitRequest {
         inputs: serde_json::json!({ "n": n }),
         execute_at_ms: at,
         idempotency_key: None,
+        delay_ms: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn due_now(clock: &SharedClock, i: usize) -> SubmitRequest {
         inputs: serde_json::json!({}),
         execute_at_ms: clock.now().as_millis(),
         idempotency_key: Some(format!("k{i}")),
+        delay_ms: None,
     }
 }
 

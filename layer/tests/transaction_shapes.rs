@@ -67,6 +67,7 @@ async fn full_batches_commit_in_a_few_round_trips() {
             inputs: serde_json::json!({ "n": i }),
             execute_at_ms: now,
             idempotency_key: Some(format!("k{i}")),
+            delay_ms: None,
         })
         .collect();
     let (out, took) = timed(&clock, sched.submit_batch(reqs)).await;
@@ -159,6 +160,7 @@ async fn a_list_whose_filter_skips_everything_comes_back_in_bounded_pages() {
                 inputs: serde_json::json!({ "n": chunk * 1_000 + i }),
                 execute_at_ms: now + 3_600_000,
                 idempotency_key: None,
+                delay_ms: None,
             })
             .collect();
         sched.submit_batch(reqs).await.unwrap();

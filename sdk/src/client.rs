@@ -3,9 +3,6 @@
 
 use std::time::Duration;
 
-use kairos_proto::storage::v1::{
-    Attempt, Execution, ExecutionStatus, JobDefinition, Node, ShardLease,
-};
 use kairos_proto::v1::admin_service_client::AdminServiceClient;
 use kairos_proto::v1::definition_service_client::DefinitionServiceClient;
 use kairos_proto::v1::execution_service_client::ExecutionServiceClient;
@@ -164,7 +161,8 @@ impl Client {
         AdminServiceClient::new(self.channel.clone())
     }
 
-    /// Starts a submission of `definition_uri` (`registry://jobs/<name>`) at `version`.
+    /// Starts a submission of `definition_uri` (`registry://jobs/<name>`) at `version`, due now
+    /// (by the node's clock) unless `at` or `after` says otherwise.
     pub fn submit(&self, definition_uri: &str, version: u32) -> SubmitBuilder {
         SubmitBuilder {
             client: self.clone(),
@@ -173,29 +171,67 @@ impl Client {
                 definition_uri: definition_uri.to_string(),
                 definition_version: version,
                 inputs_json: "{}".into(),
-                execute_at_ms: 0,
+                when: Some(submit_request::When::DelayMs(0)),
                 idempotency_key: String::new(),
+                return_execution: true,
             },
-            after: None,
         }
+    }
+
+    /// Submits up to 1,000 requests in one call (one transaction on the node); each gets its
+    /// own result, in order. Requests without an idempotency key are not retried on an unknown
+    /// outcome: give keys to make the call safe to repeat.
+    pub async fn submit_batch(
+        &self,
+        requests: Vec<SubmitRequest>,
+    ) -> Result<Vec<submit_batch_item::Result>, Error> {
+        let n = requests.len();
+        let req = SubmitBatchRequest { requests };
+        let r = self.call(self.timeout, self.executions().submit_batch(req)).await?;
+        if r.items.len() != n {
+            return Err(Error::Invalid(format!("{} results for {n} requests", r.items.len())));
+        }
+        Ok(r.items
+            .into_iter()
+            .map(|i| {
+                i.result.unwrap_or(submit_batch_item::Result::Error(ItemError {
+                    code: tonic::Code::Internal as i32,
+                    message: "empty result".into(),
+                }))
+            })
+            .collect())
     }
 
     /// An execution and its attempts.
     pub async fn get(&self, id: &str) -> Result<(Execution, Vec<Attempt>), Error> {
-        let req =
-            GetExecutionRequest { namespace: self.namespace.clone(), execution_id: id.to_string() };
+        let req = GetExecutionRequest {
+            namespace: self.namespace.clone(),
+            execution_id: id.to_string(),
+            idempotency_key: String::new(),
+        };
         let r = self.call(self.timeout, self.executions().get(req)).await?;
         Ok((r.execution.unwrap_or_default(), r.attempts))
     }
 
-    /// Cancels an execution that has not started.
-    pub async fn cancel(&self, id: &str) -> Result<Execution, Error> {
+    /// The execution submitted with `key` (for a client that lost the reply), and its attempts.
+    pub async fn get_by_idempotency_key(
+        &self,
+        key: &str,
+    ) -> Result<(Execution, Vec<Attempt>), Error> {
+        let req = GetExecutionRequest {
+            namespace: self.namespace.clone(),
+            execution_id: String::new(),
+            idempotency_key: key.to_string(),
+        };
+        let r = self.call(self.timeout, self.executions().get(req)).await?;
+        Ok((r.execution.unwrap_or_default(), r.attempts))
+    }
+
+    /// Cancels an execution: a pending one at once (`cancelled` true); a running one by asking
+    /// its worker to stop (`cancelled` false; it ends CANCELLED when the attempt ends).
+    pub async fn cancel(&self, id: &str) -> Result<CancelResponse, Error> {
         let req = ExecutionRef { namespace: self.namespace.clone(), execution_id: id.to_string() };
-        Ok(self
-            .call(self.timeout, self.executions().cancel(req))
-            .await?
-            .execution
-            .unwrap_or_default())
+        self.call(self.timeout, self.executions().cancel(req)).await
     }
 
     /// Replays a failed execution.
@@ -240,7 +276,7 @@ impl Client {
     }
 
     /// Registers a definition file's text (YAML or JSON); returns it and whether it is new.
-    pub async fn register_definition(&self, source: &str) -> Result<(JobDefinition, bool), Error> {
+    pub async fn register_definition(&self, source: &str) -> Result<(Definition, bool), Error> {
         let req = RegisterDefinitionRequest {
             namespace: self.namespace.clone(),
             source: source.to_string(),
@@ -254,7 +290,7 @@ impl Client {
         &self,
         name: &str,
         version: Option<u32>,
-    ) -> Result<JobDefinition, Error> {
+    ) -> Result<Definition, Error> {
         let req = GetDefinitionRequest {
             namespace: self.namespace.clone(),
             name: name.to_string(),
@@ -268,7 +304,7 @@ impl Client {
     }
 
     /// Every definition version of the namespace.
-    pub async fn list_definitions(&self) -> Result<Vec<JobDefinition>, Error> {
+    pub async fn list_definitions(&self) -> Result<Vec<Definition>, Error> {
         let req = ListDefinitionsRequest { namespace: self.namespace.clone() };
         Ok(self.call(self.timeout, self.definitions().list(req)).await?.definitions)
     }
@@ -278,9 +314,10 @@ impl Client {
         Ok(self.call(self.timeout, self.admin().nodes(Empty {})).await?.nodes)
     }
 
-    /// Shard leases and the shard count.
-    pub async fn shards(&self) -> Result<(Vec<ShardLease>, u32), Error> {
-        let r = self.call(self.timeout, self.admin().shards(Empty {})).await?;
+    /// The leases of a partitioned space (`executions` or `cron`) and its partition count.
+    pub async fn shards(&self, space: &str) -> Result<(Vec<PartitionLease>, u32), Error> {
+        let req = ShardsRequest { space: space.to_string() };
+        let r = self.call(self.timeout, self.admin().shards(req)).await?;
         Ok((r.leases, r.shard_count))
     }
 
@@ -290,13 +327,19 @@ impl Client {
         let r = self.call(self.timeout, self.admin().stats(StatsRequest { namespace: ns })).await?;
         Ok(r.executions.iter().map(|c| (c.status(), c.count)).collect())
     }
+
+    /// Records put aside as unprocessable.
+    pub async fn quarantined(&self, limit: u32) -> Result<Vec<QuarantinedRecord>, Error> {
+        let r =
+            self.call(self.timeout, self.admin().quarantined(QuarantinedRequest { limit })).await?;
+        Ok(r.records)
+    }
 }
 
 /// A submission being built.
 pub struct SubmitBuilder {
     client: Client,
     req: SubmitRequest,
-    after: Option<Duration>,
 }
 
 fn now_ms() -> i64 {
@@ -314,14 +357,16 @@ impl SubmitBuilder {
 
     /// Run at this time (milliseconds since the epoch).
     pub fn at(mut self, execute_at_ms: i64) -> Self {
-        self.req.execute_at_ms = execute_at_ms;
-        self.after = None;
+        self.req.when = Some(submit_request::When::ExecuteAtMs(execute_at_ms));
         self
     }
 
-    /// Run after this delay (client sugar: `execute_at = now + delay`, fixed when sent).
+    /// Run after this delay, counted by the node's clock when it receives the request (a
+    /// retry with the same idempotency key returns the same execution).
     pub fn after(mut self, delay: Duration) -> Self {
-        self.after = Some(delay);
+        self.req.when = Some(submit_request::When::DelayMs(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        ));
         self
     }
 
@@ -335,11 +380,6 @@ impl SubmitBuilder {
     /// Sends it. A time-out or an unreachable node means "outcome unknown": the SDK retries
     /// with the same idempotency key (up to 3 times), so at most one execution results.
     pub async fn send(mut self) -> Result<Submitted, Error> {
-        if let Some(d) = self.after {
-            self.req.execute_at_ms = now_ms() + d.as_millis() as i64;
-        } else if self.req.execute_at_ms == 0 {
-            self.req.execute_at_ms = now_ms();
-        }
         if self.req.idempotency_key.is_empty() {
             let nonce: u64 = std::hash::BuildHasher::hash_one(
                 &std::collections::hash_map::RandomState::new(),

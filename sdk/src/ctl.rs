@@ -8,17 +8,20 @@ use std::io::{BufRead, Write};
 use std::time::Duration;
 
 use crate::Client;
-use crate::records::{Execution, ExecutionStatus, JobDefinition};
+use kairos_proto::v1::{Definition, Execution, ExecutionStatus};
 use serde_json::{Value, json};
 
 const USAGE: &str = "usage: kairosctl [--endpoint URL] [--namespace NS] [--json] <command>
 commands:
   submit <definitionUri> <version> [--inputs JSON] [--at RFC3339 | --after SECONDS] [--key KEY]
-  get <executionId>            cancel <executionId>         replay <executionId>
+  get <executionId> | get --key IDEMPOTENCY_KEY
+  cancel <executionId>         replay <executionId>
   wait <executionId> [--timeout SECONDS]
   list [--status STATUS] [--definition NAME] [--limit N]
   definitions apply <file> | definitions get <name> [--version N] | definitions list
-  nodes | shards | stats [--all]
+  nodes | shards [--space executions|cron] | stats [--all] | quarantined [--limit N]
+  bench <s1|s2|s3|s4|s5> [options]   (load generator: kairosctl bench --help)
+  --version
   console                      (interactive: one command per line, `quit` to leave)";
 
 struct Opts {
@@ -66,15 +69,16 @@ fn time(ms: i64) -> String {
 
 fn execution_json(e: &Execution) -> Value {
     json!({
-        "executionId": e.id,
+        "executionId": e.execution_id,
         "namespace": e.namespace,
-        "definitionUri": format!("registry://jobs/{}", e.definition_name),
+        "definitionUri": e.definition_uri,
         "definitionVersion": e.definition_version,
         "status": status_name(e.status()),
         "executeAt": time(e.execute_at_ms),
         "attemptCount": e.attempt_count,
-        "inputs": serde_json::from_slice::<Value>(&e.input_json).unwrap_or(Value::Null),
-        "output": serde_json::from_slice::<Value>(&e.output_json).unwrap_or(Value::Null),
+        "cancelRequested": e.cancel_requested,
+        "inputs": serde_json::from_str::<Value>(&e.inputs_json).unwrap_or(Value::Null),
+        "output": serde_json::from_str::<Value>(&e.output_json).unwrap_or(Value::Null),
         "outputReference": e.output_reference,
         "error": e.error.as_ref().map(|x| json!({"message": x.message, "retryable": x.retryable, "code": x.code})),
     })
@@ -112,9 +116,13 @@ fn executions_out(o: &Opts, es: &[Execution]) -> String {
         .iter()
         .map(|e| {
             vec![
-                e.id.clone(),
+                e.execution_id.clone(),
                 status_name(e.status()),
-                format!("{}@{}", e.definition_name, e.definition_version),
+                format!(
+                    "{}@{}",
+                    e.definition_uri.trim_start_matches("registry://jobs/"),
+                    e.definition_version
+                ),
                 time(e.execute_at_ms),
                 e.attempt_count.to_string(),
             ]
@@ -123,7 +131,7 @@ fn executions_out(o: &Opts, es: &[Execution]) -> String {
     table(&["EXECUTION", "STATUS", "DEFINITION", "EXECUTE AT", "ATTEMPTS"], rows)
 }
 
-fn definition_out(o: &Opts, d: &JobDefinition, created: Option<bool>) -> String {
+fn definition_out(o: &Opts, d: &Definition, created: Option<bool>) -> String {
     if o.json {
         return json!({"name": d.name, "version": d.version, "queue": d.queue, "created": created,
             "inputs": d.inputs.iter().map(|i| i.name.clone()).collect::<Vec<_>>()})
@@ -188,20 +196,23 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 b = b.idempotency_key(k);
             }
             let s = b.send().await?;
-            let e = s.execution.unwrap_or_default();
+            let e = s.execution.clone().unwrap_or_default();
             Ok(if o.json {
                 json!({"created": s.created, "execution": execution_json(&e)}).to_string()
             } else {
                 format!(
                     "{} {} {}",
-                    e.id,
-                    status_name(e.status()),
+                    s.execution_id,
+                    status_name(s.status()),
                     if s.created { "created" } else { "existing" }
                 )
             })
         }
         "get" => {
-            let (e, attempts) = client.get(&arg(&args, 1, "executionId")?).await?;
+            let (e, attempts) = match take_flag(&mut args, "--key")? {
+                Some(key) => client.get_by_idempotency_key(&key).await?,
+                None => client.get(&arg(&args, 1, "executionId")?).await?,
+            };
             if o.json {
                 let mut v = execution_json(&e);
                 v["attempts"] = attempts
@@ -225,11 +236,24 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 ));
             }
             if !e.output_json.is_empty() {
-                out.push_str(&format!("\n  output {}", String::from_utf8_lossy(&e.output_json)));
+                out.push_str(&format!("\n  output {}", e.output_json));
             }
             Ok(out)
         }
-        "cancel" => Ok(executions_out(o, &[client.cancel(&arg(&args, 1, "executionId")?).await?])),
+        "cancel" => {
+            let r = client.cancel(&arg(&args, 1, "executionId")?).await?;
+            let e = r.execution.unwrap_or_default();
+            if o.json {
+                return Ok(
+                    json!({"cancelled": r.cancelled, "execution": execution_json(&e)}).to_string()
+                );
+            }
+            let mut out = executions_out(o, std::slice::from_ref(&e));
+            if !r.cancelled {
+                out.push_str("\n  running: its worker was asked to stop; it ends CANCELLED when the attempt ends");
+            }
+            Ok(out)
+        }
         "replay" => Ok(executions_out(o, &[client.replay(&arg(&args, 1, "executionId")?).await?])),
         "wait" => {
             let timeout = take_flag(&mut args, "--timeout")?
@@ -305,31 +329,33 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
         "nodes" => {
             let nodes = client.nodes().await?;
             if o.json {
-                return Ok(json!(nodes.iter().map(|n| json!({"nodeId": n.node_id, "address": n.address, "region": n.region, "heartbeatAt": time(n.heartbeat_at_ms)})).collect::<Vec<_>>()).to_string());
+                return Ok(json!(nodes.iter().map(|n| json!({"nodeId": n.node_id, "httpAddress": n.http_address, "grpcAddress": n.grpc_address, "region": n.region, "version": n.version, "heartbeatAt": time(n.heartbeat_at_ms)})).collect::<Vec<_>>()).to_string());
             }
             let rows = nodes
                 .iter()
                 .map(|n| {
                     vec![
                         n.node_id.clone(),
-                        n.address.clone(),
+                        n.grpc_address.clone(),
                         n.region.clone(),
+                        n.version.clone(),
                         time(n.heartbeat_at_ms),
                     ]
                 })
                 .collect();
-            Ok(table(&["NODE", "ADDRESS", "REGION", "HEARTBEAT"], rows))
+            Ok(table(&["NODE", "GRPC", "REGION", "VERSION", "HEARTBEAT"], rows))
         }
         "shards" => {
-            let (leases, count) = client.shards().await?;
+            let space = take_flag(&mut args, "--space")?.unwrap_or_else(|| "executions".into());
+            let (leases, count) = client.shards(&space).await?;
             if o.json {
-                return Ok(json!({"shardCount": count, "leases": leases.iter().map(|l| json!({"shard": l.shard, "owner": l.owner, "epoch": l.epoch, "expiresAt": time(l.expires_at_ms)})).collect::<Vec<_>>()}).to_string());
+                return Ok(json!({"space": space, "shardCount": count, "leases": leases.iter().map(|l| json!({"shard": l.partition, "owner": l.owner, "epoch": l.epoch, "expiresAt": time(l.expires_at_ms)})).collect::<Vec<_>>()}).to_string());
             }
             let rows = leases
                 .iter()
                 .map(|l| {
                     vec![
-                        l.shard.to_string(),
+                        l.partition.to_string(),
                         l.owner.clone(),
                         l.epoch.to_string(),
                         time(l.expires_at_ms),
@@ -354,6 +380,27 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 &["STATUS", "EXECUTIONS"],
                 counts.iter().map(|(s, n)| vec![status_name(*s), n.to_string()]).collect(),
             ))
+        }
+        "quarantined" => {
+            let limit = take_flag(&mut args, "--limit")?
+                .map_or(Ok(100), |l| l.parse::<u32>())
+                .map_err(|_| Failure::Usage("--limit: a number".into()))?;
+            let records = client.quarantined(limit).await?;
+            if o.json {
+                return Ok(json!(records.iter().map(|r| json!({"namespace": r.namespace, "executionId": r.execution_id, "reason": r.reason, "at": time(r.at_ms), "keyHex": r.key_hex})).collect::<Vec<_>>()).to_string());
+            }
+            let rows = records
+                .iter()
+                .map(|r| {
+                    vec![
+                        time(r.at_ms),
+                        r.namespace.clone(),
+                        r.execution_id.clone(),
+                        r.reason.clone(),
+                    ]
+                })
+                .collect();
+            Ok(table(&["AT", "NAMESPACE", "EXECUTION", "REASON"], rows))
         }
         other => Err(Failure::Usage(format!("unknown command {other:?}\n{USAGE}"))),
     }
@@ -384,6 +431,13 @@ pub fn main() {
 
 async fn run_main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--version") {
+        println!("kairosctl {}", env!("CARGO_PKG_VERSION"));
+        std::process::exit(0);
+    }
+    if args.first().map(String::as_str) == Some("bench") {
+        std::process::exit(crate::bench::main(args.split_off(1)).await);
+    }
     if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
         std::process::exit(if args.is_empty() { 2 } else { 0 });

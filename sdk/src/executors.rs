@@ -43,18 +43,18 @@ pub async fn run_command(task: Task) -> Result<serde_json::Value, TaskError> {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .env("KAIROS_EXECUTION_ID", &task.execution.id)
-        .env("KAIROS_ATTEMPT", task.attempt.number.to_string())
+        .env("KAIROS_EXECUTION_ID", &task.task.execution_id)
+        .env("KAIROS_ATTEMPT", task.task.attempt.to_string())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| TaskError::permanent(format!("cannot start {program:?}: {e}")))?;
     if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(&task.execution.input_json).await;
+        let _ = stdin.write_all(task.task.inputs_json.as_bytes()).await;
     }
     let mut cancelled = task.cancelled.clone();
     let out = tokio::select! {
         out = child.wait_with_output() => out.map_err(|e| TaskError::retryable(format!("{program}: {e}")))?,
-        Ok(_) = cancelled.wait_for(|c| *c) => return Err(TaskError::retryable("cancelled")),
+        Ok(_) = cancelled.wait_for(|c| *c) => return Err(TaskError::cancelled()),
     };
     let code = out.status.code().unwrap_or(-1);
     if !out.status.success() {
@@ -104,9 +104,9 @@ pub async fn run_http(task: Task) -> Result<serde_json::Value, TaskError> {
         if authority.contains(':') { authority.to_string() } else { format!("{authority}:80") };
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\nKairos-Execution-Id: {}\r\nKairos-Attempt: {}\r\n",
-        task.execution.input_json.len(),
-        task.execution.id,
-        task.attempt.number
+        task.task.inputs_json.len(),
+        task.task.execution_id,
+        task.task.attempt
     );
     if let Some(h) = exec.get("headers").and_then(|h| h.as_object()) {
         for (k, v) in h {
@@ -121,7 +121,7 @@ pub async fn run_http(task: Task) -> Result<serde_json::Value, TaskError> {
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(&addr).await?;
         s.write_all(head.as_bytes()).await?;
-        s.write_all(&task.execution.input_json).await?;
+        s.write_all(task.task.inputs_json.as_bytes()).await?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).await?;
         Ok::<_, std::io::Error>(raw)
@@ -133,7 +133,7 @@ pub async fn run_http(task: Task) -> Result<serde_json::Value, TaskError> {
             Ok(Err(e)) => return Err(TaskError::retryable(format!("{url}: {e}"))),
             Err(_) => return Err(TaskError::retryable(format!("{url}: no answer within {timeout:?}"))),
         },
-        Ok(_) = cancelled.wait_for(|c| *c) => return Err(TaskError::retryable("cancelled")),
+        Ok(_) = cancelled.wait_for(|c| *c) => return Err(TaskError::cancelled()),
     };
     let (status, body) =
         parse_response(&raw).map_err(|e| TaskError::retryable(format!("{url}: {e}")))?;
@@ -194,17 +194,16 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kairos_proto::storage::v1::{Attempt, Execution};
 
     fn task(exec: serde_json::Value) -> Task {
         let (_tx, rx) = tokio::sync::watch::channel(false);
         Task {
-            execution: Execution {
-                id: "E1".into(),
-                input_json: br#"{"n":1}"#.to_vec(),
-                ..Execution::default()
+            task: kairos_proto::v1::Task {
+                execution_id: "E1".into(),
+                inputs_json: r#"{"n":1}"#.into(),
+                attempt: 1,
+                ..Default::default()
             },
-            attempt: Attempt { number: 1, ..Attempt::default() },
             definition_execution: exec,
             cancelled: rx,
         }

@@ -11,11 +11,12 @@
 //!     .idempotency_key("report-2026-08-12")
 //!     .send()
 //!     .await?;
-//! let id = s.execution.expect("an execution").id;
+//! let id = s.execution_id;
 //! let done = client.wait(&id, std::time::Duration::from_secs(120)).await?;
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod client;
 pub mod ctl;
 pub mod executors;
@@ -23,5 +24,5 @@ pub mod worker;
 
 pub use client::{Client, Error, SubmitBuilder, Submitted};
 pub use executors::{run_command, run_generic, run_http};
-pub use kairos_proto::storage::v1 as records;
+pub use kairos_proto::v1 as api;
 pub use worker::{Handler, Task, TaskError, Worker};

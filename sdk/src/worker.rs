@@ -1,7 +1,12 @@
-//! The worker: polls a queue, runs handlers registered by definition name with a concurrency
-//! limit, heartbeats each attempt before its lease runs out, hands the handler a cancellation
-//! signal (a client asked to stop, or the lease was lost), and reports results fenced by the
-//! attempt's token — retryable or permanent failures. `command` definitions run a process.
+//! The worker: one `Work` stream per worker to its node. It opens the stream for its queue with
+//! as many credits as free slots; the node pushes tasks (never more than the credits it holds);
+//! the worker runs each with the handler registered for its definition, heartbeats running
+//! tasks before their lease runs out (all due heartbeats in one message), hands the handler a
+//! cancellation signal (a client asked to stop, or the lease was lost), and sends results —
+//! many per message, each with the credit it frees. Results are acknowledged on the stream; on
+//! a broken stream the worker reconnects and sends the unacknowledged ones again (results are
+//! idempotent), while running tasks go on. `command` and `http` definitions run with the
+//! generic executors.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -9,19 +14,19 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kairos_proto::storage::v1::{Attempt, Execution, ExecutionError};
-use kairos_proto::v1::{CompleteRequest, FailRequest, HeartbeatRequest, PollRequest};
-use tokio::sync::{Semaphore, watch};
+use kairos_proto::v1::{
+    ExecutionError, Success, TaskRef, TaskResult, WorkOpen, WorkRequest, WorkResponse, task_result,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use crate::client::{Client, Error};
 
 /// A claimed execution handed to a handler.
 #[derive(Debug, Clone)]
 pub struct Task {
-    /// The execution (inputs in `input_json`).
-    pub execution: Execution,
-    /// This attempt (its fencing token is what results must carry).
-    pub attempt: Attempt,
+    /// The task as the node sent it (execution id, inputs, attempt number, fencing token…).
+    pub task: kairos_proto::v1::Task,
     /// The definition's `execution` block (JSON).
     pub definition_execution: serde_json::Value,
     /// Becomes `true` when the handler should stop: cancellation requested, or the lease lost.
@@ -31,8 +36,24 @@ pub struct Task {
 impl Task {
     /// The inputs as JSON.
     pub fn inputs(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.execution.input_json).unwrap_or(serde_json::Value::Null)
+        serde_json::from_str(&self.task.inputs_json).unwrap_or(serde_json::Value::Null)
     }
+    /// The execution's id.
+    pub fn execution_id(&self) -> &str {
+        &self.task.execution_id
+    }
+    /// This attempt's number (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.task.attempt
+    }
+    /// The definition's name (from `registry://jobs/<name>`).
+    pub fn definition_name(&self) -> &str {
+        definition_name(&self.task.definition_uri)
+    }
+}
+
+fn definition_name(uri: &str) -> &str {
+    uri.strip_prefix("registry://jobs/").unwrap_or(uri)
 }
 
 /// A handler's failure.
@@ -54,6 +75,11 @@ impl TaskError {
     /// A failure no retry will fix.
     pub fn permanent(message: impl Into<String>) -> Self {
         TaskError { message: message.into(), retryable: false, code: String::new() }
+    }
+    /// The handler stopped because the task was cancelled (a client asked, or the lease was
+    /// lost): not retried; the execution ends CANCELLED when a client asked for it.
+    pub fn cancelled() -> Self {
+        TaskError { message: "cancelled".into(), retryable: false, code: "cancelled".into() }
     }
 }
 
@@ -82,8 +108,22 @@ pub struct Worker {
     queue: String,
     worker_id: String,
     concurrency: usize,
+    lease_ms: u64,
     handlers: BTreeMap<String, Arc<dyn Handler>>,
     fallback: Option<Arc<dyn Handler>>,
+}
+
+/// How often the worker looks for heartbeats that are due.
+const HEARTBEAT_TICK: Duration = Duration::from_millis(100);
+/// How long a graceful shutdown waits for acknowledgements of the last results.
+const SHUTDOWN_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// A running task, as the stream loop sees it.
+struct Running {
+    token: u64,
+    next_beat: Instant,
+    lease_ms: u64,
+    cancel: watch::Sender<bool>,
 }
 
 impl Worker {
@@ -94,6 +134,7 @@ impl Worker {
             queue: queue.into(),
             worker_id: worker_id.into(),
             concurrency: 16,
+            lease_ms: 0,
             handlers: BTreeMap::new(),
             fallback: None,
         }
@@ -101,7 +142,13 @@ impl Worker {
 
     /// At most `n` tasks at once.
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
+        self.concurrency = n.clamp(1, 100_000);
+        self
+    }
+
+    /// The lease each task gets (default: the definition's).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         self
     }
 
@@ -117,143 +164,205 @@ impl Worker {
         self
     }
 
-    /// Polls and runs tasks until `shutdown` becomes true; then stops polling and lets the
+    /// Takes tasks and runs them until `shutdown` becomes true; then takes no more, lets the
     /// running tasks finish and report (graceful shutdown).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), Error> {
-        let slots = Arc::new(Semaphore::new(self.concurrency));
         let this = Arc::new(self);
-        while !*shutdown.borrow() {
-            // Poll only with a free slot, for as many tasks as there are free slots.
-            drop(slots.clone().acquire_owned().await.expect("semaphore open"));
-            let free = slots.available_permits().max(1);
-            let req = PollRequest {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<TaskResult>();
+        let mut running: BTreeMap<String, Running> = BTreeMap::new();
+        // Results sent and not yet acknowledged: sent again on a new stream.
+        let mut unacked: BTreeMap<String, TaskResult> = BTreeMap::new();
+        let mut stopping = false;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            stopping |= *shutdown.borrow();
+            if stopping && running.is_empty() && unacked.is_empty() {
+                return Ok(());
+            }
+            let (out_tx, out_rx) = mpsc::channel::<WorkRequest>(1_024);
+            let credits = if stopping { 0 } else { this.concurrency.saturating_sub(running.len()) };
+            let open = WorkOpen {
                 namespace: this.client.namespace().to_string(),
                 queue: this.queue.clone(),
                 worker_id: this.worker_id.clone(),
-                max_executions: free.min(256) as u32,
-                lease_ms: 0,
-                wait_ms: 5_000,
+                credits: u32::try_from(credits).unwrap_or(u32::MAX),
+                lease_ms: this.lease_ms,
             };
+            let first = WorkRequest {
+                open: Some(open),
+                results: unacked.values().cloned().collect(),
+                ..WorkRequest::default()
+            };
+            let _ = out_tx.try_send(first);
+            let stream = tokio_stream_of(out_rx);
             let mut workers = this.client.workers();
-            let poll = this.client.call(Duration::from_secs(20), workers.poll(req));
-            let polled = tokio::select! {
-                r = poll => r,
-                _ = shutdown.wait_for(|s| *s) => break,
-            };
-            let tasks = match polled {
-                Ok(r) => r.tasks,
-                // A misconfigured worker (bad queue or namespace name) stops with the error;
-                // anything else (node restarting, connection reset, store busy) is waited out.
-                Err(e) if e.code() == tonic::Code::InvalidArgument => return Err(e),
-                Err(e) => {
-                    if !e.is_transient() {
-                        eprintln!("kairos worker: poll failed: {e}; retrying");
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+            let opened = tokio::time::timeout(Duration::from_secs(10), workers.work(stream)).await;
+            let mut inbound = match opened {
+                Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(s)) if s.code() == tonic::Code::InvalidArgument => {
+                    return Err(Error::Status(s));
+                }
+                Ok(Err(_)) | Err(_) => {
+                    // Node restarting or unreachable: running tasks go on; try again.
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
             };
-            for t in tasks {
-                let permit = slots.clone().acquire_owned().await.expect("semaphore open");
-                let this = this.clone();
-                tokio::spawn(async move {
-                    this.run_task(t).await;
-                    drop(permit);
-                });
-            }
-        }
-        // Let running tasks finish and report.
-        let _ = slots.acquire_many(this.concurrency as u32).await;
-        Ok(())
-    }
-
-    async fn run_task(&self, t: kairos_proto::v1::Task) {
-        let (Some(execution), Some(attempt)) = (t.execution, t.attempt) else { return };
-        let ns = execution.namespace.clone();
-        let id = execution.id.clone();
-        let token = attempt.fencing_token;
-        let handler = self
-            .handlers
-            .get(&execution.definition_name)
-            .cloned()
-            .or_else(|| self.fallback.clone());
-        let (cancel_tx, cancel_rx) = watch::channel(false);
-        let lease = Duration::from_millis(execution.lease_ms.max(1_000));
-        // Heartbeats at a third of the lease keep it; a fenced-out answer cancels the task.
-        let heart = {
-            let (client, ns, id) = (self.client.clone(), ns.clone(), id.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(lease / 3).await;
-                    let req = HeartbeatRequest {
-                        namespace: ns.clone(),
-                        execution_id: id.clone(),
-                        fencing_token: token,
-                    };
-                    match client.call(lease / 3, client.workers().heartbeat(req)).await {
-                        Ok(h) if h.cancel_requested => {
-                            let _ = cancel_tx.send(true);
+            backoff = Duration::from_millis(100);
+            let mut tick = tokio::time::interval(HEARTBEAT_TICK);
+            let ack_deadline = Instant::now() + SHUTDOWN_ACK_WAIT;
+            let broken = loop {
+                if stopping && running.is_empty() && unacked.is_empty() {
+                    return Ok(());
+                }
+                if stopping && running.is_empty() && Instant::now() > ack_deadline {
+                    eprintln!(
+                        "kairos worker: {} results unacknowledged at shutdown",
+                        unacked.len()
+                    );
+                    return Ok(());
+                }
+                tokio::select! {
+                    msg = inbound.message() => match msg {
+                        Ok(Some(m)) => this.on_response(m, &mut running, &mut unacked, &done_tx),
+                        Ok(None) | Err(_) => break true,
+                    },
+                    Some(first) = done_rx.recv() => {
+                        let mut results = vec![first];
+                        while let Ok(r) = done_rx.try_recv() {
+                            results.push(r);
                         }
-                        Ok(_) => {}
-                        Err(e) if e.code() == tonic::Code::FailedPrecondition => {
-                            let _ = cancel_tx.send(true); // fenced out: the lease is gone
-                            return;
+                        for r in &results {
+                            running.remove(&r.execution_id);
+                            unacked.insert(r.execution_id.clone(), r.clone());
                         }
-                        Err(_) => {}
+                        let credits = if stopping { 0 } else { results.len() as u32 };
+                        let m = WorkRequest { credits, results, ..WorkRequest::default() };
+                        if out_tx.send(m).await.is_err() {
+                            break true;
+                        }
+                    }
+                    _ = tick.tick() => {
+                        let now = Instant::now();
+                        let due: Vec<TaskRef> = running
+                            .iter_mut()
+                            .filter(|(_, r)| r.next_beat <= now)
+                            .map(|(id, r)| {
+                                // Not again before the answer could come back.
+                                r.next_beat = now + Duration::from_millis(r.lease_ms / 3).max(HEARTBEAT_TICK);
+                                TaskRef { execution_id: id.clone(), fencing_token: r.token }
+                            })
+                            .collect();
+                        if !due.is_empty() {
+                            let m = WorkRequest { heartbeats: due, ..WorkRequest::default() };
+                            if out_tx.send(m).await.is_err() {
+                                break true;
+                            }
+                        }
+                    }
+                    r = shutdown.changed(), if !stopping => {
+                        // A dropped sender stops the worker too.
+                        if r.is_err() || *shutdown.borrow() {
+                            stopping = true;
+                        }
                     }
                 }
-            })
-        };
+            };
+            if broken && !(stopping && running.is_empty() && unacked.is_empty()) {
+                tokio::time::sleep(backoff).await;
+            }
+        }
+    }
+
+    fn on_response(
+        self: &Arc<Self>,
+        m: WorkResponse,
+        running: &mut BTreeMap<String, Running>,
+        unacked: &mut BTreeMap<String, TaskResult>,
+        done: &mpsc::UnboundedSender<TaskResult>,
+    ) {
+        for ack in m.acks {
+            unacked.remove(&ack.execution_id);
+            let fenced = ack.code == tonic::Code::FailedPrecondition as i32;
+            if ack.code != 0 && !fenced {
+                eprintln!("kairos worker: result of {} refused: {}", ack.execution_id, ack.message);
+            }
+        }
+        for hb in m.heartbeats {
+            if let Some(r) = running.get_mut(&hb.execution_id) {
+                if hb.code != 0 || hb.cancel_requested {
+                    // Cancelled by a client, or the lease is no longer ours: stop the handler.
+                    let _ = r.cancel.send(true);
+                }
+                if hb.code == 0 {
+                    let third = Duration::from_millis(hb.lease_remaining_ms / 3);
+                    r.next_beat = Instant::now() + third.max(HEARTBEAT_TICK);
+                }
+            }
+        }
+        for t in m.tasks {
+            let (cancel_tx, cancel_rx) = watch::channel(false);
+            let third = Duration::from_millis(t.lease_remaining_ms / 3);
+            running.insert(
+                t.execution_id.clone(),
+                Running {
+                    token: t.fencing_token,
+                    next_beat: Instant::now() + third.max(HEARTBEAT_TICK),
+                    lease_ms: t.lease_ms.max(1_000),
+                    cancel: cancel_tx,
+                },
+            );
+            let this = self.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                let r = this.run_task(t, cancel_rx).await;
+                let _ = done.send(r);
+            });
+        }
+    }
+
+    async fn run_task(
+        &self,
+        t: kairos_proto::v1::Task,
+        cancelled: watch::Receiver<bool>,
+    ) -> TaskResult {
+        let name = definition_name(&t.definition_uri).to_string();
+        let handler = self.handlers.get(&name).cloned().or_else(|| self.fallback.clone());
+        let (id, token, ns) = (t.execution_id.clone(), t.fencing_token, t.namespace.clone());
         let result = match handler {
             Some(h) => {
                 let task = Task {
                     definition_execution: serde_json::from_str(&t.definition_execution_json)
                         .unwrap_or(serde_json::Value::Null),
-                    execution,
-                    attempt,
-                    cancelled: cancel_rx,
+                    task: t,
+                    cancelled,
                 };
                 h.run(task).await
             }
             None => Err(TaskError::permanent(format!(
-                "no handler for definition {:?} on worker {}",
-                id, self.worker_id
+                "no handler for definition {name:?} on worker {}",
+                self.worker_id
             ))),
         };
-        heart.abort();
-        let report = match result {
-            Ok(output) => {
-                let output_json = if output.is_null() { String::new() } else { output.to_string() };
-                let req = CompleteRequest {
-                    namespace: ns,
-                    execution_id: id,
-                    fencing_token: token,
-                    output_json,
-                    output_reference: String::new(),
-                };
-                self.client
-                    .call(Duration::from_secs(30), self.client.workers().complete(req))
-                    .await
-                    .map(|_| ())
-            }
-            Err(e) => {
-                let error =
-                    ExecutionError { message: e.message, retryable: e.retryable, code: e.code };
-                let req = FailRequest {
-                    namespace: ns,
-                    execution_id: id,
-                    fencing_token: token,
-                    error: Some(error),
-                };
-                self.client
-                    .call(Duration::from_secs(30), self.client.workers().fail(req))
-                    .await
-                    .map(|_| ())
-            }
+        let outcome = match result {
+            Ok(output) => task_result::Outcome::Success(Success {
+                output_json: if output.is_null() { String::new() } else { output.to_string() },
+                output_reference: String::new(),
+            }),
+            Err(e) => task_result::Outcome::Failure(ExecutionError {
+                message: e.message,
+                retryable: e.retryable,
+                code: e.code,
+            }),
         };
-        if let Err(e) = report {
-            // Fenced out or unreachable: the lease decides; the execution is retried.
-            eprintln!("kairos worker: reporting a result failed: {e}");
-        }
+        TaskResult { execution_id: id, fencing_token: token, outcome: Some(outcome), namespace: ns }
     }
+}
+
+/// The outbound half of a `Work` stream.
+fn tokio_stream_of(
+    rx: mpsc::Receiver<WorkRequest>,
+) -> impl tonic::codegen::tokio_stream::Stream<Item = WorkRequest> + Send + 'static {
+    tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx)
 }

@@ -11,8 +11,8 @@ use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
-use kairos_proto::storage::v1::{AttemptStatus, ExecutionStatus};
 use kairos_proto::v1::worker_service_client::WorkerServiceClient;
+use kairos_proto::v1::{AttemptStatus, ExecutionStatus};
 use kairos_proto::v1::{CompleteRequest, HeartbeatRequest, PollRequest};
 use kairos_sdk::{Client, TaskError, Worker};
 use tokio::sync::watch;
@@ -58,7 +58,7 @@ async fn heartbeats_keep_a_long_task_alive() {
     });
     let run = tokio::spawn(worker.run(stopped));
     let s = client.submit("registry://jobs/slow", 1).send().await.unwrap();
-    let id = s.execution.unwrap().id;
+    let id = s.execution_id;
     let e = client.wait(&id, Duration::from_secs(20)).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Succeeded);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the lease held: no second attempt");
@@ -85,7 +85,7 @@ async fn cancellation_reaches_the_handler() {
         },
     );
     let run = tokio::spawn(worker.run(stopped));
-    let id = client.submit("registry://jobs/slow", 1).send().await.unwrap().execution.unwrap().id;
+    let id = client.submit("registry://jobs/slow", 1).send().await.unwrap().execution_id;
     loop {
         let (e, _) = client.get(&id).await.unwrap();
         if e.status() == ExecutionStatus::Running {
@@ -93,10 +93,17 @@ async fn cancellation_reaches_the_handler() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    node.scheduler().request_cancel("default", &id).await.unwrap();
+    // Cancel through the public API: the worker learns it from its next heartbeat.
+    let c = client.cancel(&id).await.unwrap();
+    assert!(!c.cancelled, "running: its worker is asked to stop");
+    assert!(c.execution.unwrap().cancel_requested);
     let e = client.wait(&id, Duration::from_secs(20)).await.unwrap();
-    assert_eq!(e.status(), ExecutionStatus::Failed);
+    assert_eq!(e.status(), ExecutionStatus::Cancelled, "ends CANCELLED, never retried");
     assert_eq!(e.error.unwrap().message, "stopped on request");
+    let (e, attempts) = client.get(&id).await.unwrap();
+    assert_eq!(e.attempt_count, 1);
+    assert_eq!(attempts[0].status(), AttemptStatus::Cancelled);
+    let _ = node;
     stop.send(true).unwrap();
     run.await.unwrap().unwrap();
 }
@@ -104,7 +111,7 @@ async fn cancellation_reaches_the_handler() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_attempt_is_fenced_out() {
     let (_node, client, addr) = node_and_client().await;
-    let id = client.submit("registry://jobs/slow", 1).send().await.unwrap().execution.unwrap().id;
+    let id = client.submit("registry://jobs/slow", 1).send().await.unwrap().execution_id;
     // A worker that claims and dies at once: no heartbeat, no result.
     let mut raw = WorkerServiceClient::connect(format!("http://{addr}")).await.unwrap();
     let poll = PollRequest {
@@ -120,7 +127,7 @@ async fn a_stale_attempt_is_fenced_out() {
             break t;
         }
     };
-    let token = task.attempt.unwrap().fencing_token;
+    let token = task.fencing_token;
     // Its lease expires; the attempt times out and the execution moves on.
     loop {
         let (_, attempts) = client.get(&id).await.unwrap();

@@ -1,23 +1,32 @@
-//! The `kairos.v1` gRPC services over a [`Node`].
+//! The `kairos.v1` gRPC services over a [`Node`]. Every accepted connection gets
+//! `TCP_NODELAY`: without it each reply's last frame waits for the client's delayed ACK
+//! (~40 ms per call).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use kairos_layer::definition::{parse_definition, parse_definition_uri};
+use kairos_layer::keys::Space;
+use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::query::ListQuery;
-use kairos_layer::ops::submit::SubmitRequest;
+use kairos_layer::ops::submit::SubmitRequest as LayerSubmit;
+use kairos_layer::ops::worker::{Beat, Outcome, Report};
 use kairos_layer::ops::{self, error::invalid};
-use kairos_proto::storage::v1::{ExecutionError, ExecutionStatus, JobDefinition};
+use kairos_proto::storage::v1 as storage;
+use kairos_proto::storage::v1::JobDefinition;
 use kairos_proto::v1::admin_service_server::{AdminService, AdminServiceServer};
 use kairos_proto::v1::definition_service_server::{DefinitionService, DefinitionServiceServer};
 use kairos_proto::v1::execution_service_server::{ExecutionService, ExecutionServiceServer};
 use kairos_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
 use kairos_proto::v1::*;
-use tonic::{Request, Response, Status};
+use tonic::codegen::tokio_stream::{self, Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
 
+use super::convert;
 use super::errors::status;
-use crate::dispatcher::PollRequest;
+use crate::dispatcher::{PollRequest as NodePoll, SessionOpen};
 use crate::node::Node;
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -42,6 +51,8 @@ pub struct Api {
 
 /// Cached definitions at most (versions are immutable, so the cache is never stale).
 const DEFINITION_CACHE_MAX: usize = 1_024;
+/// Responses queued on one worker stream before its writer waits.
+const STREAM_BUFFER: usize = 256;
 
 impl Api {
     /// The services over `node`.
@@ -49,22 +60,36 @@ impl Api {
         Api { node, definitions: Arc::default() }
     }
 
-    fn submit_request(&self, r: SubmitRequest_) -> Result<SubmitRequest, ops::Error> {
+    fn submit_request(&self, r: SubmitRequest) -> Result<(LayerSubmit, bool), ops::Error> {
         let inputs: serde_json::Value = if r.inputs_json.trim().is_empty() {
             serde_json::json!({})
         } else {
             serde_json::from_str(&r.inputs_json)
                 .map_err(|e| invalid("inputs", format!("malformed JSON: {e}")))?
         };
-        Ok(SubmitRequest {
-            namespace: or_default(&r.namespace),
-            definition: parse_definition_uri(&r.definition_uri)
-                .map_err(|e| invalid(e.field(), e.reason()))?,
-            definition_version: r.definition_version,
-            inputs,
-            execute_at_ms: r.execute_at_ms,
-            idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
-        })
+        let (execute_at_ms, delay_ms) = match r.when {
+            Some(submit_request::When::ExecuteAtMs(ms)) => (ms, None),
+            Some(submit_request::When::DelayMs(d)) => (0, Some(d)),
+            None => {
+                return Err(invalid(
+                    "executeAt",
+                    "is required (or delayMs: a delay counted by the node's clock, 0 = now)",
+                ));
+            }
+        };
+        Ok((
+            LayerSubmit {
+                namespace: or_default(&r.namespace),
+                definition: parse_definition_uri(&r.definition_uri)
+                    .map_err(|e| invalid(e.field(), e.reason()))?,
+                definition_version: r.definition_version,
+                inputs,
+                execute_at_ms,
+                delay_ms,
+                idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
+            },
+            r.return_execution,
+        ))
     }
 
     async fn definition(
@@ -86,6 +111,29 @@ impl Api {
         Ok(d)
     }
 
+    /// Claimed executions as tasks for the worker that claimed them. The executions are
+    /// claimed already: a failed definition lookup must not lose them, so such a task goes out
+    /// without the `execution` block (handlers registered by name do not need it).
+    async fn tasks(&self, claimed: &[Claimed]) -> Vec<Task> {
+        let now = self.node.scheduler().clock().now().as_millis();
+        let mut out = Vec::with_capacity(claimed.len());
+        for c in claimed {
+            let e = &c.execution;
+            let execution_json = match self
+                .definition(&e.namespace, &e.definition_name, e.definition_version)
+                .await
+            {
+                Ok(def) => String::from_utf8_lossy(&def.execution_json).into_owned(),
+                Err(err) => {
+                    tracing::warn!(execution = %e.id, error = %err, "definition lookup failed for a claimed task");
+                    String::new()
+                }
+            };
+            out.push(convert::task(c, execution_json, now));
+        }
+        out
+    }
+
     /// Serves the four services on `addr` until `shutdown` completes.
     pub async fn serve(
         self,
@@ -94,7 +142,7 @@ impl Api {
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
-        let incoming = tokio_stream_from(listener);
+        let incoming = accepted(listener);
         let router = tonic::transport::Server::builder()
             .add_service(ExecutionServiceServer::new(self.clone()))
             .add_service(WorkerServiceServer::new(self.clone()))
@@ -109,19 +157,22 @@ impl Api {
     }
 }
 
-/// Accepted connections as the stream tonic serves.
-fn tokio_stream_from(
+/// Accepted connections, each with `TCP_NODELAY` set, as the stream tonic serves.
+pub fn accepted(
     listener: tokio::net::TcpListener,
-) -> impl tonic::codegen::tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener)
+) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| {
+        let s = r?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    })
 }
 
-type SubmitRequest_ = kairos_proto::v1::SubmitRequest;
-
 fn list_query(r: ListExecutionsRequest) -> Result<ListQuery, ops::Error> {
-    let status = match r.status() {
-        ExecutionStatus::Unspecified => None,
-        s => Some(s),
+    let status = match storage::ExecutionStatus::try_from(r.status) {
+        Ok(storage::ExecutionStatus::Unspecified) => None,
+        Ok(s) => Some(s),
+        Err(_) => return Err(invalid("status", format!("unknown status {}", r.status))),
     };
     Ok(ListQuery {
         namespace: or_default(&r.namespace),
@@ -134,82 +185,13 @@ fn list_query(r: ListExecutionsRequest) -> Result<ListQuery, ops::Error> {
     })
 }
 
-#[tonic::async_trait]
-impl ExecutionService for Api {
-    async fn submit(&self, req: Request<SubmitRequest_>) -> Reply<SubmitResponse> {
-        let r = self.submit_request(req.into_inner()).map_err(|e| status(&e))?;
-        let s = self.node.submit(r).await.map_err(|e| status(&e))?;
-        ok(SubmitResponse { execution: Some(s.execution), created: s.created })
-    }
-
-    async fn submit_batch(&self, req: Request<SubmitBatchRequest>) -> Reply<SubmitBatchResponse> {
-        let reqs = req.into_inner().requests;
-        let mut parsed = Vec::with_capacity(reqs.len());
-        let mut items: Vec<Option<SubmitBatchItem>> = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            match self.submit_request(r) {
-                Ok(r) => {
-                    parsed.push(r);
-                    items.push(None);
-                }
-                Err(e) => items.push(Some(error_item(&e))),
-            }
-        }
-        let mut results = self.node.submit_batch(parsed).await.map_err(|e| status(&e))?.into_iter();
-        let items = items
-            .into_iter()
-            .map(|i| {
-                i.unwrap_or_else(|| match results.next() {
-                    Some(Ok(s)) => SubmitBatchItem {
-                        result: Some(submit_batch_item::Result::Ok(SubmitResponse {
-                            execution: Some(s.execution),
-                            created: s.created,
-                        })),
-                    },
-                    Some(Err(e)) => error_item(&e),
-                    None => error_item(&ops::Error::Corrupt("batch result missing".into())),
-                })
-            })
-            .collect();
-        ok(SubmitBatchResponse { items })
-    }
-
-    async fn get(&self, req: Request<GetExecutionRequest>) -> Reply<GetExecutionResponse> {
-        let r = req.into_inner();
-        let ns = or_default(&r.namespace);
-        let sched = self.node.scheduler();
-        let e = sched.get(&ns, &r.execution_id).await.map_err(|e| status(&e))?;
-        let attempts = sched.attempts(&ns, &r.execution_id).await.map_err(|e| status(&e))?;
-        ok(GetExecutionResponse { execution: Some(e), attempts })
-    }
-
-    async fn cancel(&self, req: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
-        let r = req.into_inner();
-        let e = self
-            .node
-            .cancel(&or_default(&r.namespace), &r.execution_id)
-            .await
-            .map_err(|e| status(&e))?;
-        ok(ExecutionResponse { execution: Some(e) })
-    }
-
-    async fn list(&self, req: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
-        let q = list_query(req.into_inner()).map_err(|e| status(&e))?;
-        let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
-        ok(ListExecutionsResponse {
-            executions: page.executions,
-            next_cursor: page.next_cursor.unwrap_or_default(),
-        })
-    }
-
-    async fn replay(&self, req: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
-        let r = req.into_inner();
-        let e = self
-            .node
-            .replay(&or_default(&r.namespace), &r.execution_id)
-            .await
-            .map_err(|e| status(&e))?;
-        ok(ExecutionResponse { execution: Some(e) })
+fn submit_response(s: &ops::submit::Submitted, full: bool) -> SubmitResponse {
+    SubmitResponse {
+        execution_id: s.execution.id.clone(),
+        created: s.created,
+        status: s.execution.status,
+        execute_at_ms: s.execution.execute_at_ms,
+        execution: full.then(|| convert::execution(&s.execution)),
     }
 }
 
@@ -224,61 +206,377 @@ fn error_item(e: &ops::Error) -> SubmitBatchItem {
 }
 
 #[tonic::async_trait]
-impl WorkerService for Api {
-    async fn poll(&self, req: Request<kairos_proto::v1::PollRequest>) -> Reply<PollResponse> {
+impl ExecutionService for Api {
+    async fn submit(&self, req: Request<SubmitRequest>) -> Reply<SubmitResponse> {
+        let (r, full) = self.submit_request(req.into_inner()).map_err(|e| status(&e))?;
+        let s = self.node.submit(r).await.map_err(|e| status(&e))?;
+        ok(submit_response(&s, full))
+    }
+
+    async fn submit_batch(&self, req: Request<SubmitBatchRequest>) -> Reply<SubmitBatchResponse> {
+        let reqs = req.into_inner().requests;
+        if reqs.len() > ops::submit::SUBMIT_BATCH_MAX {
+            return Err(status(&invalid(
+                "requests",
+                format!("at most {} per batch, got {}", ops::submit::SUBMIT_BATCH_MAX, reqs.len()),
+            )));
+        }
+        let mut parsed = Vec::with_capacity(reqs.len());
+        let mut items: Vec<Option<SubmitBatchItem>> = Vec::with_capacity(reqs.len());
+        let mut full = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            match self.submit_request(r) {
+                Ok((r, f)) => {
+                    parsed.push(r);
+                    full.push(f);
+                    items.push(None);
+                }
+                Err(e) => items.push(Some(error_item(&e))),
+            }
+        }
+        let results = self.node.submit_batch(parsed).await.map_err(|e| status(&e))?;
+        let mut results = results.into_iter().zip(full);
+        let items = items
+            .into_iter()
+            .map(|i| {
+                i.unwrap_or_else(|| match results.next() {
+                    Some((Ok(s), f)) => SubmitBatchItem {
+                        result: Some(submit_batch_item::Result::Ok(submit_response(&s, f))),
+                    },
+                    Some((Err(e), _)) => error_item(&e),
+                    None => error_item(&ops::Error::Corrupt("batch result missing".into())),
+                })
+            })
+            .collect();
+        ok(SubmitBatchResponse { items })
+    }
+
+    async fn get(&self, req: Request<GetExecutionRequest>) -> Reply<GetExecutionResponse> {
         let r = req.into_inner();
         let ns = or_default(&r.namespace);
+        let sched = self.node.scheduler();
+        let e = match (r.execution_id.is_empty(), r.idempotency_key.is_empty()) {
+            (false, true) => sched.get(&ns, &r.execution_id).await,
+            (true, false) => sched.get_by_idempotency_key(&ns, &r.idempotency_key).await,
+            (true, true) => Err(invalid("executionId", "is required (or idempotencyKey)")),
+            (false, false) => {
+                Err(invalid("idempotencyKey", "give executionId or idempotencyKey, not both"))
+            }
+        }
+        .map_err(|e| status(&e))?;
+        let attempts = sched.attempts(&ns, &e.id).await.map_err(|e| status(&e))?;
+        ok(GetExecutionResponse {
+            execution: Some(convert::execution(&e)),
+            attempts: attempts.iter().map(convert::attempt).collect(),
+        })
+    }
+
+    async fn cancel(&self, req: Request<ExecutionRef>) -> Reply<CancelResponse> {
+        let r = req.into_inner();
+        let c = self
+            .node
+            .cancel(&or_default(&r.namespace), &r.execution_id)
+            .await
+            .map_err(|e| status(&e))?;
+        ok(CancelResponse { execution: Some(convert::execution(&c.execution)), cancelled: c.done })
+    }
+
+    async fn list(&self, req: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
+        let q = list_query(req.into_inner()).map_err(|e| status(&e))?;
+        let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
+        ok(ListExecutionsResponse {
+            executions: page.executions.iter().map(convert::execution).collect(),
+            next_cursor: page.next_cursor.unwrap_or_default(),
+        })
+    }
+
+    async fn replay(&self, req: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
+        let r = req.into_inner();
+        let e = self
+            .node
+            .replay(&or_default(&r.namespace), &r.execution_id)
+            .await
+            .map_err(|e| status(&e))?;
+        ok(ExecutionResponse { execution: Some(convert::execution(&e)) })
+    }
+}
+
+/// A worker's result as the layer takes it; `field` names where it came from in errors.
+fn report_of(ns: &str, r: TaskResult) -> Result<Report, ops::Error> {
+    let outcome = match r.outcome {
+        Some(task_result::Outcome::Success(s)) => Outcome::Success {
+            output_json: s.output_json.into_bytes(),
+            output_reference: s.output_reference,
+        },
+        Some(task_result::Outcome::Failure(e)) => Outcome::Failure(storage::ExecutionError {
+            message: e.message,
+            retryable: e.retryable,
+            code: e.code,
+        }),
+        Some(task_result::Outcome::Release(_)) => Outcome::Release,
+        None => return Err(invalid("outcome", "is required: success, failure or release")),
+    };
+    let namespace = if r.namespace.is_empty() { ns.to_string() } else { r.namespace };
+    Ok(Report { namespace, execution_id: r.execution_id, token: r.fencing_token, outcome })
+}
+
+fn ack(id: String, r: Result<&storage::Execution, &ops::Error>) -> ResultAck {
+    match r {
+        Ok(e) => ResultAck { execution_id: id, code: 0, message: String::new(), status: e.status },
+        Err(err) => {
+            let s = status(err);
+            ResultAck {
+                execution_id: id,
+                code: s.code() as i32,
+                message: s.message().to_string(),
+                status: 0,
+            }
+        }
+    }
+}
+
+impl Api {
+    /// Applies results (batched with others on the node); one acknowledgement each, in order.
+    async fn report(&self, ns: &str, results: Vec<TaskResult>) -> Result<Vec<ResultAck>, Status> {
+        if results.len() > ops::worker::REPORT_BATCH_MAX {
+            return Err(status(&invalid(
+                "results",
+                format!("at most {} per call", ops::worker::REPORT_BATCH_MAX),
+            )));
+        }
+        let mut acks: Vec<Option<ResultAck>> = Vec::with_capacity(results.len());
+        let mut ids = Vec::new();
+        let mut reports = Vec::new();
+        for r in results {
+            let id = r.execution_id.clone();
+            match report_of(ns, r) {
+                Ok(rep) => {
+                    ids.push(id);
+                    reports.push(rep);
+                    acks.push(None);
+                }
+                Err(e) => acks.push(Some(ack(id, Err(&e)))),
+            }
+        }
+        let out = if reports.is_empty() {
+            Vec::new()
+        } else {
+            self.node.report(reports).await.map_err(|e| status(&e))?
+        };
+        let mut applied = ids.into_iter().zip(out).map(|(id, r)| ack(id, r.as_ref()));
+        Ok(acks
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    applied.next().unwrap_or_else(|| ResultAck {
+                        code: tonic::Code::Internal as i32,
+                        message: "result missing".into(),
+                        ..ResultAck::default()
+                    })
+                })
+            })
+            .collect())
+    }
+
+    /// Extends leases (batched with others on the node); one acknowledgement each.
+    async fn heartbeats(&self, ns: &str, refs: Vec<TaskRef>) -> Result<Vec<HeartbeatAck>, Status> {
+        let now = self.node.scheduler().clock().now().as_millis();
+        let beats: Vec<Beat> = refs
+            .iter()
+            .map(|r| Beat {
+                namespace: ns.to_string(),
+                execution_id: r.execution_id.clone(),
+                token: r.fencing_token,
+            })
+            .collect();
+        let out = self.node.heartbeat_many(beats).await.map_err(|e| status(&e))?;
+        Ok(refs
+            .into_iter()
+            .zip(out)
+            .map(|(r, h)| match h {
+                Ok(h) => HeartbeatAck {
+                    execution_id: r.execution_id,
+                    code: 0,
+                    lease_remaining_ms: u64::try_from(h.lease_expires_at_ms - now).unwrap_or(0),
+                    cancel_requested: h.cancel_requested,
+                },
+                Err(e) => HeartbeatAck {
+                    execution_id: r.execution_id,
+                    code: status(&e).code() as i32,
+                    lease_remaining_ms: 0,
+                    cancel_requested: false,
+                },
+            })
+            .collect())
+    }
+}
+
+type WorkStream = Pin<Box<dyn Stream<Item = Result<WorkResponse, Status>> + Send + 'static>>;
+
+fn check_lease(lease_ms: u64) -> Result<Option<u64>, ops::Error> {
+    use kairos_layer::ops::limits::{LEASE_MS_MAX, LEASE_MS_MIN};
+    match lease_ms {
+        0 => Ok(None),
+        l if (LEASE_MS_MIN..=LEASE_MS_MAX).contains(&l) => Ok(Some(l)),
+        _ => Err(invalid(
+            "leaseMs",
+            format!("must be 0 (the definition's) or between {LEASE_MS_MIN} and {LEASE_MS_MAX}"),
+        )),
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerService for Api {
+    type WorkStream = WorkStream;
+
+    async fn work(&self, req: Request<Streaming<WorkRequest>>) -> Reply<Self::WorkStream> {
+        let mut inbound = req.into_inner();
+        let mut first = match inbound.message().await? {
+            Some(m) => m,
+            None => return Err(status(&invalid("open", "the stream ended before opening"))),
+        };
+        let open = first
+            .open
+            .take()
+            .ok_or_else(|| status(&invalid("open", "the first message must carry `open`")))?;
+        let ns = or_default(&open.namespace);
+        let checks = [("namespace", &ns), ("queue", &open.queue), ("workerId", &open.worker_id)];
+        for (field, v) in checks {
+            ops::submit::check_name(field, v).map_err(|e| status(&e))?;
+        }
+        let lease_ms = check_lease(open.lease_ms).map_err(|e| status(&e))?;
+        let (out_tx, out_rx) =
+            tokio::sync::mpsc::channel::<Result<WorkResponse, Status>>(STREAM_BUFFER);
+        let (task_tx, mut task_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Claimed>>();
+        let session = self
+            .node
+            .open_session(SessionOpen {
+                namespace: ns.clone(),
+                queue: open.queue.clone(),
+                worker_id: open.worker_id.clone(),
+                lease_ms,
+                credits: open.credits as usize,
+                tasks: task_tx,
+            })
+            .await
+            .map_err(|e| status(&e))?;
+        // Tasks out: what the dispatcher hands this stream, converted; anything the client can
+        // no longer take goes back as orphans.
+        {
+            let (api, out) = (self.clone(), out_tx.clone());
+            tokio::spawn(async move {
+                while let Some(claimed) = task_rx.recv().await {
+                    let tasks = api.tasks(&claimed).await;
+                    if out
+                        .send(Ok(WorkResponse { tasks, ..WorkResponse::default() }))
+                        .await
+                        .is_err()
+                    {
+                        api.node.orphans(claimed);
+                        while let Ok(more) = task_rx.try_recv() {
+                            api.node.orphans(more);
+                        }
+                        return;
+                    }
+                }
+                // The dispatcher let go of this stream (the node is draining): end it, so the
+                // worker reconnects elsewhere.
+                let _ = out.send(Err(Status::unavailable("the node is draining; reconnect"))).await;
+            });
+        }
+        // Requests in: credits, results and heartbeats, until the worker closes the stream.
+        {
+            let api = self.clone();
+            tokio::spawn(async move {
+                let mut next = Some(first);
+                loop {
+                    let m = match next.take() {
+                        Some(m) => m,
+                        None => match inbound.message().await {
+                            Ok(Some(m)) => m,
+                            Ok(None) | Err(_) => break,
+                        },
+                    };
+                    if m.open.is_some() {
+                        let _ = out_tx
+                            .send(Err(status(&invalid(
+                                "open",
+                                "only the first message opens the stream",
+                            ))))
+                            .await;
+                        break;
+                    }
+                    if m.credits > 0 {
+                        api.node.session_credits(session, m.credits as usize);
+                    }
+                    if !m.results.is_empty() {
+                        let (api, out, ns) = (api.clone(), out_tx.clone(), ns.clone());
+                        tokio::spawn(async move {
+                            let msg = match api.report(&ns, m.results).await {
+                                Ok(acks) => Ok(WorkResponse { acks, ..WorkResponse::default() }),
+                                // Not applied (the store is unavailable): the worker sends them
+                                // again on its next stream.
+                                Err(s) => Err(s),
+                            };
+                            let _ = out.send(msg).await;
+                        });
+                    }
+                    if !m.heartbeats.is_empty() {
+                        let (api, out, ns) = (api.clone(), out_tx.clone(), ns.clone());
+                        tokio::spawn(async move {
+                            if let Ok(heartbeats) = api.heartbeats(&ns, m.heartbeats).await {
+                                let _ = out
+                                    .send(Ok(WorkResponse {
+                                        heartbeats,
+                                        ..WorkResponse::default()
+                                    }))
+                                    .await;
+                            }
+                        });
+                    }
+                }
+                api.node.close_session(session);
+            });
+        }
+        ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx)))
+    }
+
+    async fn poll(&self, req: Request<PollRequest>) -> Reply<PollResponse> {
+        let r = req.into_inner();
+        let ns = or_default(&r.namespace);
+        let lease_ms = check_lease(r.lease_ms).map_err(|e| status(&e))?;
         let claimed = self
             .node
-            .poll(PollRequest {
+            .poll(NodePoll {
                 namespace: ns.clone(),
                 queue: r.queue,
                 worker_id: r.worker_id,
                 max: r.max_executions.max(1) as usize,
-                lease_ms: (r.lease_ms != 0).then_some(r.lease_ms),
+                lease_ms,
                 wait_ms: r.wait_ms,
             })
             .await
             .map_err(|e| status(&e))?;
-        let mut tasks = Vec::with_capacity(claimed.len());
-        for c in claimed {
-            let e = &c.execution;
-            // The executions are claimed already: a failed definition lookup must not lose
-            // them, so the task goes out without the `execution` block (handlers registered
-            // by name do not need it).
-            let execution_json = match self
-                .definition(&ns, &e.definition_name, e.definition_version)
-                .await
-            {
-                Ok(def) => String::from_utf8_lossy(&def.execution_json).into_owned(),
-                Err(err) => {
-                    tracing::warn!(execution = %e.id, error = %err, "definition lookup failed for a claimed task");
-                    String::new()
-                }
-            };
-            tasks.push(Task {
-                definition_execution_json: execution_json,
-                execution: Some(c.execution),
-                attempt: Some(c.attempt),
-            });
-        }
-        ok(PollResponse { tasks })
+        ok(PollResponse { tasks: self.tasks(&claimed).await })
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         let r = req.into_inner();
+        let ns = or_default(&r.namespace);
+        let now = self.node.scheduler().clock().now().as_millis();
         let h = self
             .node
-            .heartbeat(&or_default(&r.namespace), &r.execution_id, r.fencing_token)
+            .heartbeat(&ns, &r.execution_id, r.fencing_token)
             .await
             .map_err(|e| status(&e))?;
         ok(HeartbeatResponse {
             lease_expires_at_ms: h.lease_expires_at_ms,
             cancel_requested: h.cancel_requested,
+            lease_remaining_ms: u64::try_from(h.lease_expires_at_ms - now).unwrap_or(0),
         })
     }
 
-    async fn complete(&self, req: Request<CompleteRequest>) -> Reply<ExecutionResponse> {
+    async fn complete(&self, req: Request<CompleteRequest>) -> Reply<ResultResponse> {
         let r = req.into_inner();
         let e = self
             .node
@@ -291,22 +589,35 @@ impl WorkerService for Api {
             )
             .await
             .map_err(|e| status(&e))?;
-        ok(ExecutionResponse { execution: Some(e) })
+        ok(ResultResponse { status: e.status })
     }
 
-    async fn fail(&self, req: Request<FailRequest>) -> Reply<ExecutionResponse> {
+    async fn fail(&self, req: Request<FailRequest>) -> Reply<ResultResponse> {
         let r = req.into_inner();
-        let error = r.error.unwrap_or(ExecutionError {
-            message: "failed".into(),
-            retryable: true,
-            code: String::new(),
-        });
+        let error = r.error.map_or(
+            storage::ExecutionError {
+                message: "failed".into(),
+                retryable: true,
+                code: String::new(),
+            },
+            |e| storage::ExecutionError {
+                message: e.message,
+                retryable: e.retryable,
+                code: e.code,
+            },
+        );
         let e = self
             .node
             .fail(&or_default(&r.namespace), &r.execution_id, r.fencing_token, error)
             .await
             .map_err(|e| status(&e))?;
-        ok(ExecutionResponse { execution: Some(e) })
+        ok(ResultResponse { status: e.status })
+    }
+
+    async fn report(&self, req: Request<ReportRequest>) -> Reply<ReportResponse> {
+        let r = req.into_inner();
+        let acks = Api::report(self, &or_default(&r.namespace), r.results).await?;
+        ok(ReportResponse { acks })
     }
 }
 
@@ -325,7 +636,7 @@ impl DefinitionService for Api {
             .register_definition(&or_default(&r.namespace), def)
             .await
             .map_err(|e| status(&e))?;
-        ok(RegisterDefinitionResponse { definition: Some(d), created })
+        ok(RegisterDefinitionResponse { definition: Some(convert::definition(&d)), created })
     }
 
     async fn get(&self, req: Request<GetDefinitionRequest>) -> Reply<DefinitionResponse> {
@@ -337,7 +648,7 @@ impl DefinitionService for Api {
             .get_definition(&or_default(&r.namespace), &r.name, version)
             .await
             .map_err(|e| status(&e))?;
-        ok(DefinitionResponse { definition: Some(d) })
+        ok(DefinitionResponse { definition: Some(convert::definition(&d)) })
     }
 
     async fn list(&self, req: Request<ListDefinitionsRequest>) -> Reply<ListDefinitionsResponse> {
@@ -348,7 +659,7 @@ impl DefinitionService for Api {
             .list_definitions(&or_default(&r.namespace))
             .await
             .map_err(|e| status(&e))?;
-        ok(ListDefinitionsResponse { definitions: ds })
+        ok(ListDefinitionsResponse { definitions: ds.iter().map(convert::definition).collect() })
     }
 }
 
@@ -356,13 +667,26 @@ impl DefinitionService for Api {
 impl AdminService for Api {
     async fn nodes(&self, _: Request<Empty>) -> Reply<NodesResponse> {
         let nodes = self.node.scheduler().nodes().await.map_err(|e| status(&e))?;
-        ok(NodesResponse { nodes })
+        ok(NodesResponse { nodes: nodes.iter().map(convert::node).collect() })
     }
 
-    async fn shards(&self, _: Request<Empty>) -> Reply<ShardsResponse> {
+    async fn shards(&self, req: Request<ShardsRequest>) -> Reply<ShardsResponse> {
+        let space = match req.into_inner().space.as_str() {
+            "" | "executions" => Space::Executions,
+            "cron" => Space::Cron,
+            other => {
+                return Err(status(&invalid(
+                    "space",
+                    format!("{other:?} is not executions or cron"),
+                )));
+            }
+        };
         let sched = self.node.scheduler();
-        let leases = sched.shard_leases().await.map_err(|e| status(&e))?;
-        ok(ShardsResponse { leases, shard_count: sched.config().shard_count })
+        let leases = sched.partition_leases(space).await.map_err(|e| status(&e))?;
+        ok(ShardsResponse {
+            leases: leases.iter().map(convert::lease).collect(),
+            shard_count: sched.partition_count(space),
+        })
     }
 
     async fn stats(&self, req: Request<StatsRequest>) -> Reply<StatsResponse> {
@@ -384,11 +708,20 @@ impl AdminService for Api {
         req: Request<ListExecutionsRequest>,
     ) -> Reply<ListExecutionsResponse> {
         let mut q = list_query(req.into_inner()).map_err(|e| status(&e))?;
-        q.status = Some(ExecutionStatus::Failed);
+        q.status = Some(storage::ExecutionStatus::Failed);
         let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
         ok(ListExecutionsResponse {
-            executions: page.executions,
+            executions: page.executions.iter().map(convert::execution).collect(),
             next_cursor: page.next_cursor.unwrap_or_default(),
         })
+    }
+
+    async fn quarantined(&self, req: Request<QuarantinedRequest>) -> Reply<QuarantinedResponse> {
+        let limit = match req.into_inner().limit {
+            0 => 100,
+            n => n as usize,
+        };
+        let records = self.node.scheduler().quarantined(limit).await.map_err(|e| status(&e))?;
+        ok(QuarantinedResponse { records: records.iter().map(convert::quarantined).collect() })
     }
 }

@@ -51,7 +51,12 @@ struct SubmitBody {
     definition_version: u32,
     #[serde(default)]
     inputs: Option<Value>,
-    execute_at: String,
+    /// RFC 3339; or give `delayMs` instead.
+    #[serde(default)]
+    execute_at: Option<String>,
+    /// A delay counted by the node's clock (0 = now), instead of `executeAt`.
+    #[serde(default)]
+    delay_ms: Option<u64>,
 }
 
 fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::Error> {
@@ -67,13 +72,26 @@ fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::
     let b: SubmitBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
     let name =
         parse_definition_uri(&b.definition_uri).map_err(|e| invalid(e.field(), e.reason()))?;
-    let execute_at_ms = parse_rfc3339(&b.execute_at).map_err(|r| invalid("executeAt", r))?;
+    let execute_at_ms = match (&b.execute_at, b.delay_ms) {
+        (Some(at), None) => parse_rfc3339(at).map_err(|r| invalid("executeAt", r))?,
+        (None, Some(_)) => 0,
+        (None, None) => {
+            return Err(invalid(
+                "executeAt",
+                "is required (or delayMs, counted by the node's clock)",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid("delayMs", "give executeAt or delayMs, not both"));
+        }
+    };
     Ok(SubmitRequest {
         namespace: ns,
         definition: name,
         definition_version: b.definition_version,
         inputs: b.inputs.unwrap_or_else(|| json!({})),
         execute_at_ms,
+        delay_ms: b.delay_ms,
         idempotency_key,
     })
 }
@@ -82,7 +100,7 @@ fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::
 /// `invalid type … at line 1 column 40`).
 fn json_error(e: &serde_json::Error) -> ops::Error {
     let msg = e.to_string();
-    let field = ["definitionUri", "definitionVersion", "inputs", "executeAt"]
+    let field = ["definitionUri", "definitionVersion", "inputs", "executeAt", "delayMs"]
         .into_iter()
         .find(|f| msg.contains(&format!("`{f}`")))
         .unwrap_or("body");
@@ -129,10 +147,18 @@ async fn get_execution(
     )
 }
 
+/// `DELETE /executions/{id}`: 200 with the CANCELLED execution if it had not started; 202
+/// with the RUNNING one (`cancelRequested: true`) if its worker was asked to stop; 409 once
+/// finished.
 async fn cancel(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    respond(
-        async { Ok(json::execution(&node.cancel(&namespace(&headers)?, &id).await?, None)) }.await,
-    )
+    let r = async { node.cancel(&namespace(&headers)?, &id).await }.await;
+    match r {
+        Ok(c) => {
+            let status = if c.done { StatusCode::OK } else { StatusCode::ACCEPTED };
+            (status, axum::Json(json::execution(&c.execution, None))).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
 }
 
 async fn replay(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
@@ -149,6 +175,7 @@ struct ListParams {
     definition: Option<String>,
     limit: Option<usize>,
     cursor: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 async fn list(
@@ -158,6 +185,13 @@ async fn list(
 ) -> Response {
     let r = async {
         let Query(p) = params.map_err(|e| invalid("query", e.body_text()))?;
+        if let Some(key) = &p.idempotency_key {
+            // The execution submitted with this key, as a one-item list (a client that lost
+            // the reply to its POST).
+            let ns = namespace(&headers)?;
+            let e = node.scheduler().get_by_idempotency_key(&ns, key).await?;
+            return Ok(json!({ "executions": [json::execution(&e, None)], "nextCursor": null }));
+        }
         let status = match &p.status {
             None => None,
             Some(s) => Some(
@@ -295,9 +329,17 @@ pub async fn serve(
     node: Node,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = router(node);
+    // TCP_NODELAY on every accepted connection: without it a response's last segment waits
+    // for the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
             tracing::error!(error = %e, "HTTP server failed");

@@ -41,8 +41,8 @@ pub struct Grant {
 pub trait Matcher: Send + Sync {
     /// Reserves up to `n` waiting worker slots of `(ns, queue)`.
     fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant>;
-    /// Gives back grants that were not used.
-    fn cancel(&self, grants: Vec<Grant>);
+    /// Gives back grants of `(ns, queue)` that were not used.
+    fn cancel(&self, ns: &str, queue: &str, grants: Vec<Grant>);
 }
 
 /// One timer processed by `fire_due`.
@@ -102,28 +102,46 @@ enum Step {
 /// Grants taken by the current try of a transaction, given back unless it commits.
 struct Reservations<'a> {
     matcher: Option<&'a dyn Matcher>,
-    taken: std::sync::Mutex<Vec<Grant>>,
+    taken: std::sync::Mutex<Vec<(String, String, Vec<Grant>)>>,
 }
 
 impl Reservations<'_> {
     fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant> {
         let Some(m) = self.matcher else { return Vec::new() };
         let g = m.reserve(ns, queue, n);
-        self.taken.lock().unwrap_or_else(|e| e.into_inner()).extend(g.iter().cloned());
+        if !g.is_empty() {
+            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+            taken.push((ns.to_string(), queue.to_string(), g.clone()));
+        }
         g
     }
     /// Gives back what the last try took (it did not commit).
     fn roll_back(&self) {
         let taken = std::mem::take(&mut *self.taken.lock().unwrap_or_else(|e| e.into_inner()));
-        if let (Some(m), false) = (self.matcher, taken.is_empty()) {
-            m.cancel(taken);
+        if let Some(m) = self.matcher {
+            for (ns, queue, grants) in taken {
+                m.cancel(&ns, &queue, grants);
+            }
         }
     }
-    /// Gives back grants reserved but not used by the committed try.
-    fn give_back(&self, unused: Vec<Grant>) {
-        if let (Some(m), false) = (self.matcher, unused.is_empty()) {
-            m.cancel(unused);
+    /// Gives back the grants of `(ns, queue)` this try reserved but did not use (the tail of
+    /// what it reserved: grants are used in order).
+    fn give_back(&self, ns: &str, queue: &str, unused: Vec<Grant>) {
+        if unused.is_empty() {
+            return;
         }
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, g)) = taken.iter_mut().rev().find(|(n, q, _)| n == ns && q == queue) {
+            g.truncate(g.len().saturating_sub(unused.len()));
+        }
+        drop(taken);
+        if let Some(m) = self.matcher {
+            m.cancel(ns, queue, unused);
+        }
+    }
+    /// The try committed: what it took is used.
+    fn commit(&self) {
+        self.taken.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -219,7 +237,7 @@ impl Scheduler {
                             }
                         }
                     }
-                    res.give_back(grants.collect());
+                    res.give_back(&ns, &queue, grants.collect());
                 }
                 if !taken.is_empty() {
                     tx.set(receipt, &crate::tuple::pack(&taken))?;
@@ -230,8 +248,9 @@ impl Scheduler {
                 Ok(out)
             })
             .await;
-        if r.is_err() {
-            res.roll_back();
+        match &r {
+            Ok(_) => res.commit(),
+            Err(_) => res.roll_back(),
         }
         r
     }

@@ -16,8 +16,9 @@ use super::{Scheduler, definitions};
 use crate::ids::{fingerprint, new_execution_id, shard_of};
 use crate::kv::Transaction;
 
-/// A request to run one execution of a definition version at `execute_at_ms`.
-#[derive(Debug, Clone, PartialEq)]
+/// A request to run one execution of a definition version at `execute_at_ms` (or after
+/// `delay_ms` by the node's clock).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SubmitRequest {
     /// Namespace.
     pub namespace: String,
@@ -27,8 +28,12 @@ pub struct SubmitRequest {
     pub definition_version: u32,
     /// Inputs (a JSON object), validated against the definition's declared inputs.
     pub inputs: serde_json::Value,
-    /// When to run, milliseconds since the epoch.
+    /// When to run, milliseconds since the epoch (ignored when `delay_ms` is set).
     pub execute_at_ms: i64,
+    /// Run this long after the node receives the request (0 = now), by the node's clock: "due
+    /// now" never depends on the client's clock. A repeat with the same idempotency key and
+    /// delay is the same request (the delay, not the resolved time, is fingerprinted).
+    pub delay_ms: Option<u64>,
     /// Optional idempotency key: the same key with the same request returns the same
     /// execution; with a different request it is a conflict.
     pub idempotency_key: Option<String>,
@@ -44,7 +49,7 @@ pub struct Submitted {
 }
 
 /// Checks a namespace / queue / worker id style name.
-pub(crate) fn check_name(field: &str, value: &str) -> Result<()> {
+pub fn check_name(field: &str, value: &str) -> Result<()> {
     let ok = !value.is_empty()
         && value.len() <= super::limits::NAME_BYTES_MAX
         && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:/@".contains(&b));
@@ -73,8 +78,22 @@ pub const SUBMIT_BATCH_MAX: usize = 1_000;
 
 impl Scheduler {
     /// Checks a request's own fields and fixes its id (outside any transaction).
-    fn prepare(&self, req: SubmitRequest, now_ms: i64) -> Result<Prepared> {
+    fn prepare(&self, mut req: SubmitRequest, now_ms: i64) -> Result<Prepared> {
         check_name("namespace", &req.namespace)?;
+        let when = match req.delay_ms {
+            Some(d) => {
+                if d > EXECUTE_AT_FUTURE_MAX_MS as u64 {
+                    return Err(invalid("delayMs", "is more than 10 years"));
+                }
+                req.execute_at_ms = now_ms.saturating_add(d as i64);
+                [b'd', 0, 0, 0, 0, 0, 0, 0, 0]
+                    .iter()
+                    .copied()
+                    .chain(d.to_be_bytes())
+                    .collect::<Vec<u8>>()
+            }
+            None => req.execute_at_ms.to_be_bytes().to_vec(),
+        };
         if req.definition.is_empty() {
             return Err(invalid("definitionUri", "must name a definition"));
         }
@@ -108,7 +127,7 @@ impl Scheduler {
             req.definition.as_bytes(),
             &req.definition_version.to_be_bytes(),
             &input_bytes,
-            &req.execute_at_ms.to_be_bytes(),
+            &when,
         ]);
         let id = new_execution_id(self.clock.now(), &self.rng);
         let shard = shard_of(&id, self.config.shard_count);

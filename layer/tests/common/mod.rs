@@ -83,6 +83,7 @@ pub fn request(key: Option<&str>, execute_at_ms: i64) -> SubmitRequest {
         inputs: serde_json::json!({"dataset_uri": "s3://datasets/orders", "report_date": "2026-08-12"}),
         execute_at_ms,
         idempotency_key: key.map(str::to_string),
+        delay_ms: None,
     }
 }
 

@@ -27,7 +27,7 @@ pub enum ExecMsg {
     /// The execution has a newer timer.
     Reschedule(TimerKey),
     /// `fire_timer` finished.
-    Fired(Result<Option<Fired>, Error>),
+    Fired(Box<Result<Option<Fired>, Error>>),
 }
 
 /// The execution supervisor actor.
@@ -101,7 +101,7 @@ impl ExecState {
                 let (shard, epoch, now) = (self.shard, self.epoch, self.ctx.now_ms());
                 tokio::spawn(async move {
                     let r = sched.fire_timer(shard, epoch, &timer, now).await;
-                    let _ = me.send_message(ExecMsg::Fired(r));
+                    let _ = me.send_message(ExecMsg::Fired(Box::new(r)));
                 });
             }
             Next::Stop => myself.stop(None),
@@ -154,28 +154,30 @@ impl Actor for ExecutionSupervisor {
                     }
                 }
             }
-            ExecMsg::Fired(Ok(fired)) => {
-                s.firing = false;
-                if let Some(f) = &fired {
-                    after_fired(&s.ctx, f, s.ctx.now_ms());
-                    hint_ready_queues(&s.ctx, [f]);
+            ExecMsg::Fired(r) => match *r {
+                Ok(fired) => {
+                    s.firing = false;
+                    if let Some(f) = &fired {
+                        after_fired(&s.ctx, f, s.ctx.now_ms());
+                        hint_ready_queues(&s.ctx, [f]);
+                    }
+                    let (next_timer, next) = on_fired(&s.timer, fired.as_ref());
+                    if let Some(t) = next_timer {
+                        s.timer = t;
+                    }
+                    s.act(&myself, next);
                 }
-                let (next_timer, next) = on_fired(&s.timer, fired.as_ref());
-                if let Some(t) = next_timer {
-                    s.timer = t;
+                Err(e) => {
+                    s.firing = false;
+                    if is_ownership_lost(&e) {
+                        myself.stop(Some("ownership lost".into()));
+                    } else {
+                        tracing::warn!(execution = %s.timer.execution_id, error = %e, "timer failed; retrying in 1 s");
+                        let at = s.ctx.now_ms() + 1_000;
+                        s.act(&myself, Next::SleepUntil(at));
+                    }
                 }
-                s.act(&myself, next);
-            }
-            ExecMsg::Fired(Err(e)) => {
-                s.firing = false;
-                if is_ownership_lost(&e) {
-                    myself.stop(Some("ownership lost".into()));
-                } else {
-                    tracing::warn!(execution = %s.timer.execution_id, error = %e, "timer failed; retrying in 1 s");
-                    let at = s.ctx.now_ms() + 1_000;
-                    s.act(&myself, Next::SleepUntil(at));
-                }
-            }
+            },
         }
         Ok(())
     }
@@ -206,6 +208,8 @@ mod tests {
             status,
             queue: "q".into(),
             next_timer: next,
+            matched: None,
+            timed_out: false,
         }
     }
 

@@ -9,7 +9,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 
 use crate::context::{Ctx, send_after};
 use crate::dispatcher::{Dispatcher, DispatcherMsg};
-use crate::lease_manager::{LeaseMsg, ShardLeaseManager};
+use crate::lease_manager::{LeaseManager, LeaseMsg};
 
 /// The children of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl Actor for NodeSupervisor {
             Actor::spawn_linked(None, Dispatcher, s.ctx.clone(), myself.get_cell()).await?;
         s.dispatcher = Some(d);
         let (l, _) =
-            Actor::spawn_linked(None, ShardLeaseManager, s.ctx.clone(), myself.get_cell()).await?;
+            Actor::spawn_linked(None, LeaseManager, s.ctx.clone(), myself.get_cell()).await?;
         s.leases = Some(l);
         Ok(s)
     }
@@ -92,8 +92,7 @@ impl Actor for NodeSupervisor {
                 match child {
                     Child::Leases => {
                         let (a, _) =
-                            Actor::spawn_linked(None, ShardLeaseManager, s.ctx.clone(), cell)
-                                .await?;
+                            Actor::spawn_linked(None, LeaseManager, s.ctx.clone(), cell).await?;
                         s.leases = Some(a);
                     }
                     Child::Dispatcher => {

@@ -1,0 +1,247 @@
+//! The credit ledger of a node's waiting workers: which worker slots of which queue can take
+//! how many executions right now. Shared by the dispatcher (which adds and removes waiting
+//! workers and claims READY work for them) and the shard owners (whose fire transactions
+//! reserve slots to start executions for waiting workers at once — a *sync match*). A pure data
+//! structure under one lock; it performs no I/O.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use kairos_layer::ops::fire::{Grant, Matcher};
+
+/// (namespace, queue).
+pub type QueueKey = (String, String);
+
+#[derive(Debug, Clone)]
+struct Slot {
+    worker_id: String,
+    lease_ms: Option<u64>,
+    credits: usize,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    slots: BTreeMap<u64, Slot>,
+    /// Round-robin start, so the slots of a queue share work evenly.
+    cursor: u64,
+    /// Most executions in flight through this node (None: unlimited).
+    limit: Option<usize>,
+    /// Executions in flight through this node (counted for limited queues only).
+    in_flight: usize,
+    /// Reserved and not yet used or given back (counted against the limit too).
+    reserved: usize,
+}
+
+impl Queue {
+    fn room(&self) -> usize {
+        match self.limit {
+            Some(l) => l.saturating_sub(self.in_flight + self.reserved),
+            None => usize::MAX,
+        }
+    }
+}
+
+/// The ledger. See the module docs.
+#[derive(Debug, Default)]
+pub struct Matchmaker {
+    queues: Mutex<BTreeMap<QueueKey, Queue>>,
+    limits: BTreeMap<String, usize>,
+}
+
+impl Matchmaker {
+    /// A ledger applying per-queue concurrency limits (by queue name).
+    pub fn new(limits: BTreeMap<String, usize>) -> Self {
+        Matchmaker { queues: Mutex::default(), limits }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<QueueKey, Queue>> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn queue<'a>(&self, m: &'a mut BTreeMap<QueueKey, Queue>, q: &QueueKey) -> &'a mut Queue {
+        m.entry(q.clone())
+            .or_insert_with(|| Queue { limit: self.limits.get(&q.1).copied(), ..Queue::default() })
+    }
+
+    /// Adds a waiting worker slot (or adds credits to it).
+    pub fn add(
+        &self,
+        q: &QueueKey,
+        slot: u64,
+        worker_id: &str,
+        lease_ms: Option<u64>,
+        credits: usize,
+    ) {
+        let mut m = self.lock();
+        let queue = self.queue(&mut m, q);
+        let s = queue.slots.entry(slot).or_insert_with(|| Slot {
+            worker_id: worker_id.to_string(),
+            lease_ms,
+            credits: 0,
+        });
+        s.credits = s.credits.saturating_add(credits);
+    }
+
+    /// Adds credits to an existing slot (a worker stream freed slots); none if it is gone.
+    pub fn credit(&self, q: &QueueKey, slot: u64, credits: usize) {
+        let mut m = self.lock();
+        if let Some(s) = m.get_mut(q).and_then(|queue| queue.slots.get_mut(&slot)) {
+            s.credits = s.credits.saturating_add(credits);
+        }
+    }
+
+    /// Removes a slot; returns the credits it still had.
+    pub fn remove(&self, q: &QueueKey, slot: u64) -> usize {
+        let mut m = self.lock();
+        let Some(queue) = m.get_mut(q) else { return 0 };
+        let left = queue.slots.remove(&slot).map_or(0, |s| s.credits);
+        if queue.slots.is_empty() && queue.in_flight == 0 && queue.reserved == 0 {
+            m.remove(q);
+        }
+        left
+    }
+
+    /// Credits a queue's waiting workers hold, within its concurrency limit.
+    pub fn available(&self, q: &QueueKey) -> usize {
+        let m = self.lock();
+        m.get(q).map_or(0, |queue| {
+            queue.slots.values().map(|s| s.credits).sum::<usize>().min(queue.room())
+        })
+    }
+
+    /// Queues whose waiting workers hold credits.
+    pub fn hungry(&self) -> Vec<QueueKey> {
+        let m = self.lock();
+        m.iter()
+            .filter(|(_, q)| q.room() > 0 && q.slots.values().any(|s| s.credits > 0))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Takes up to `n` credits of `q`, round robin over its slots, one grant per execution.
+    pub fn take(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
+        let mut m = self.lock();
+        let Some(queue) = m.get_mut(q) else { return Vec::new() };
+        let mut want = n.min(queue.room());
+        let mut grants = Vec::new();
+        if want == 0 || queue.slots.is_empty() {
+            return grants;
+        }
+        let ids: Vec<u64> = queue.slots.keys().copied().collect();
+        let start = ids.iter().position(|id| *id >= queue.cursor).unwrap_or(0);
+        // Deal one credit per slot per pass, so one slot does not take a whole batch while
+        // others wait.
+        while want > 0 {
+            let mut dealt = false;
+            for i in 0..ids.len() {
+                if want == 0 {
+                    break;
+                }
+                let id = ids[(start + i) % ids.len()];
+                let s = queue.slots.get_mut(&id).expect("listed slot");
+                if s.credits > 0 {
+                    s.credits -= 1;
+                    want -= 1;
+                    dealt = true;
+                    grants.push(Grant {
+                        worker_id: s.worker_id.clone(),
+                        lease_ms: s.lease_ms,
+                        slot: id,
+                    });
+                    queue.cursor = id + 1;
+                }
+            }
+            if !dealt {
+                break;
+            }
+        }
+        queue.reserved += grants.len();
+        grants
+    }
+
+    /// Gives grants back (not used): their credits return to slots that still exist.
+    pub fn give_back(&self, q: &QueueKey, grants: Vec<Grant>) {
+        let mut m = self.lock();
+        let Some(queue) = m.get_mut(q) else { return };
+        queue.reserved = queue.reserved.saturating_sub(grants.len());
+        for g in grants {
+            if let Some(s) = queue.slots.get_mut(&g.slot) {
+                s.credits += 1;
+            }
+        }
+    }
+
+    /// Grants were used: `n` executions are now in flight on `q`.
+    pub fn used(&self, q: &QueueKey, n: usize) {
+        let mut m = self.lock();
+        let queue = self.queue(&mut m, q);
+        queue.reserved = queue.reserved.saturating_sub(n);
+        if queue.limit.is_some() {
+            queue.in_flight += n;
+        }
+    }
+
+    /// `n` executions of `q` left flight (finished, released, or their lease ran out).
+    pub fn finished(&self, q: &QueueKey, n: usize) {
+        let mut m = self.lock();
+        if let Some(queue) = m.get_mut(q) {
+            queue.in_flight = queue.in_flight.saturating_sub(n);
+        }
+    }
+
+    /// Whether `q` has a concurrency limit.
+    pub fn is_limited(&self, q: &QueueKey) -> bool {
+        self.limits.contains_key(&q.1)
+    }
+}
+
+impl Matcher for Matchmaker {
+    fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant> {
+        self.take(&(ns.to_string(), queue.to_string()), n)
+    }
+
+    fn cancel(&self, ns: &str, queue: &str, grants: Vec<Grant>) {
+        self.give_back(&(ns.to_string(), queue.to_string()), grants);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q() -> QueueKey {
+        ("ns".into(), "q".into())
+    }
+
+    #[test]
+    fn credits_are_dealt_round_robin_and_come_back() {
+        let m = Matchmaker::default();
+        m.add(&q(), 1, "a", None, 3);
+        m.add(&q(), 2, "b", Some(5_000), 3);
+        assert_eq!(m.available(&q()), 6);
+        let g = m.take(&q(), 4);
+        let per: Vec<u64> = g.iter().map(|g| g.slot).collect();
+        assert_eq!(per.iter().filter(|s| **s == 1).count(), 2, "{per:?}");
+        assert_eq!(per.iter().filter(|s| **s == 2).count(), 2, "{per:?}");
+        assert_eq!(g.iter().find(|g| g.slot == 2).unwrap().lease_ms, Some(5_000));
+        assert_eq!(m.available(&q()), 2);
+        m.give_back(&q(), g);
+        assert_eq!(m.available(&q()), 6, "cancelled grants return their credits");
+        assert_eq!(m.remove(&q(), 1), 3);
+        assert_eq!(m.take(&q(), 10).len(), 3, "only what is left");
+        assert!(m.hungry().is_empty());
+    }
+
+    #[test]
+    fn a_concurrency_limit_caps_reservations_and_in_flight() {
+        let m = Matchmaker::new(BTreeMap::from([("q".to_string(), 2)]));
+        m.add(&q(), 1, "a", None, 10);
+        let g = m.take(&q(), 10);
+        assert_eq!(g.len(), 2, "limit 2");
+        assert_eq!(m.take(&q(), 1).len(), 0, "reserved count against the limit");
+        m.used(&q(), 2);
+        assert_eq!(m.available(&q()), 0);
+        m.finished(&q(), 1);
+        assert_eq!(m.take(&q(), 5).len(), 1);
+    }
+}

@@ -202,7 +202,11 @@ impl Args {
     }
 }
 
-fn value(flag: &str, inline: Option<String>, rest: &mut impl Iterator<Item = String>) -> Result<String, String> {
+fn value(
+    flag: &str,
+    inline: Option<String>,
+    rest: &mut impl Iterator<Item = String>,
+) -> Result<String, String> {
     match inline.or_else(|| rest.next()) {
         Some(v) => Ok(v),
         None => Err(format!("flag {flag} needs a value (kairosctl bench --help)")),
@@ -210,7 +214,10 @@ fn value(flag: &str, inline: Option<String>, rest: &mut impl Iterator<Item = Str
 }
 
 fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.trim().replace('_', "").parse().map_err(|_| format!("flag {flag}: {v:?} is not a valid number"))
+    v.trim()
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("flag {flag}: {v:?} is not a valid number"))
 }
 
 fn positive(flag: &str, v: &str) -> Result<u64, String> {
@@ -230,12 +237,15 @@ fn split(arg: String) -> (String, Option<String>) {
 
 /// Parses the arguments after `bench`.
 pub fn parse(args: Vec<String>) -> Result<Command, String> {
-    if args.iter().any(|a| a == "-h" || a == "--help") || args.first().is_some_and(|a| a == "help") {
+    if args.iter().any(|a| a == "-h" || a == "--help") || args.first().is_some_and(|a| a == "help")
+    {
         return Ok(Command::Help);
     }
     let mut it = args.into_iter();
     let Some(first) = it.next() else {
-        return Err("missing scenario: kairosctl bench <s1|s2|s3|s4|s5> [options] (--help for more)".into());
+        return Err(
+            "missing scenario: kairosctl bench <s1|s2|s3|s4|s5> [options] (--help for more)".into(),
+        );
     };
     let scenario = match first.as_str() {
         "s1" | "S1" => Scenario::S1,
@@ -270,7 +280,9 @@ pub fn parse(args: Vec<String>) -> Result<Command, String> {
             "--batch" => {
                 a.batch = positive(f, &value(f, inline, &mut it)?)? as usize;
                 if a.batch > 1_000 {
-                    return Err("flag --batch: at most 1000 (the API's limit per SubmitBatch)".into());
+                    return Err(
+                        "flag --batch: at most 1000 (the API's limit per SubmitBatch)".into()
+                    );
                 }
             }
             "--in-flight" => a.in_flight = positive(f, &value(f, inline, &mut it)?)? as usize,
@@ -298,13 +310,17 @@ pub fn parse(args: Vec<String>) -> Result<Command, String> {
         }
     }
     if a.node_pid.is_some() && a.endpoint.is_none() {
-        return Err("flag --node-pid: only with --endpoint (a spawned node is measured anyway)".into());
+        return Err(
+            "flag --node-pid: only with --endpoint (a spawned node is measured anyway)".into()
+        );
     }
     if a.endpoint.is_some() && a.kairos.is_some() {
         return Err("flags --endpoint and --kairos exclude each other".into());
     }
     if a.scenario == Scenario::S5 && a.endpoint.is_some() {
-        return Err("s5 kills and restarts the node: it needs a spawned node, not --endpoint".into());
+        return Err(
+            "s5 kills and restarts the node: it needs a spawned node, not --endpoint".into()
+        );
     }
     Ok(Command::Run(Box::new(a)))
 }

@@ -23,8 +23,11 @@ impl WorkDir {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let path = std::env::temp_dir()
-            .join(format!("kairos-bench-{}-{:x}", std::process::id(), nanos & 0xff_ffff_ffff));
+        let path = std::env::temp_dir().join(format!(
+            "kairos-bench-{}-{:x}",
+            std::process::id(),
+            nanos & 0xff_ffff_ffff
+        ));
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(WorkDir { path })
     }
@@ -279,7 +282,7 @@ impl NodeProc {
 /// The node as the scenarios see it: spawned, or running elsewhere.
 pub enum Node {
     /// Spawned by the bench.
-    Spawned(NodeProc),
+    Spawned(Box<NodeProc>),
     /// `--endpoint`, with `--node-pid` if given.
     External { endpoint: String, pid: Option<u32> },
 }

@@ -53,7 +53,7 @@ execution:
 pub async fn main(args: Vec<String>) -> i32 {
     let cmd = match args::parse(args) {
         Ok(Command::Help) => {
-            println!("{USAGE}");
+            out(&format!("{USAGE}\n"));
             return 0;
         }
         Ok(c) => c,
@@ -100,6 +100,14 @@ pub async fn main(args: Vec<String>) -> i32 {
         eprintln!("kairosctl bench: the run panicked");
         1
     })
+}
+
+/// Writes to stdout (a closed pipe, as with `| head`, is not an error).
+fn out(text: &str) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(text.as_bytes());
+    let _ = o.flush();
 }
 
 /// Wall clock, ms since the epoch.
@@ -330,7 +338,7 @@ async fn run(args: Args) -> i32 {
             return 1;
         }
     };
-    print!("{}", report.table());
+    out(&report.table());
     for f in &report.failures {
         eprintln!("kairosctl bench: {}: {f}", if quick { "FAILED" } else { "warning" });
     }
@@ -340,6 +348,6 @@ async fn run(args: Args) -> i32 {
     } else {
         env.dir.remove();
     }
-    println!("{}", report.json_line());
+    out(&format!("{}\n", report.json_line()));
     i32::from(failed)
 }

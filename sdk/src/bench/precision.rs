@@ -27,6 +27,8 @@ const AHEAD_MS: i64 = 1_000;
 /// The submitter's tick.
 const TICK: Duration = Duration::from_millis(10);
 const DAY_MS: u64 = 86_400_000;
+/// s4: pause between the end of the preload and the second s3.
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// One steady phase.
 struct Steady {
@@ -187,6 +189,8 @@ pub async fn run_s4(env: &mut Env) -> Result<Report> {
             .await?;
     bar.finish().await;
     let after_preload = env.sample();
+    // Let the node settle (a burst of writes just ended) before measuring again.
+    tokio::time::sleep(SETTLE).await;
 
     let after = steady(env, "after").await?;
     let s1 = env.sample();

@@ -205,6 +205,11 @@ fn main() {
             m.store_retries_conflict.load(Ordering::Relaxed),
             m.store_retries_other.load(Ordering::Relaxed)
         );
+        if std::env::var("KAIROS_BENCH_METRICS").is_ok() {
+            for l in node.metrics_text().await.lines().filter(|l| !l.starts_with('#') && !l.contains("_bucket")) {
+                println!("{l}");
+            }
+        }
         node.stop().await;
         db.close().await;
     });

@@ -92,6 +92,8 @@ pub enum DispatcherMsg {
     Claimed(QueueKey, Vec<Grant>, Result<Vec<Vec<Claimed>>, Error>),
     /// A poll's wait ran out.
     Expire(u64),
+    /// A poll that got work stops lingering.
+    Flush(u64),
     /// A watch on a queue's ready signals ended.
     WatchEnded(QueueKey),
     /// Executions of a queue left flight (results, releases).
@@ -103,7 +105,15 @@ pub enum DispatcherMsg {
 struct Waiter {
     queue: QueueKey,
     reply: RpcReplyPort<PollReply>,
+    max: usize,
+    /// Work delivered and not yet answered: a poll lingers [`POLL_LINGER`] after its first
+    /// delivery, so the fires of several shards that reserved its credits fill one answer.
+    got: Vec<Claimed>,
+    lingering: bool,
 }
+
+/// How long a poll that got work waits for more reserved for it before answering.
+pub const POLL_LINGER: Duration = Duration::from_millis(2);
 
 struct Session {
     queue: QueueKey,
@@ -220,7 +230,12 @@ impl DispatcherState {
     }
 
     /// Hands claimed executions to the waiting worker `slot`; what it cannot take comes back.
-    fn deliver(&mut self, slot: u64, claimed: Vec<Claimed>) -> Vec<Claimed> {
+    fn deliver(
+        &mut self,
+        myself: &ActorRef<DispatcherMsg>,
+        slot: u64,
+        claimed: Vec<Claimed>,
+    ) -> Vec<Claimed> {
         if claimed.is_empty() {
             return claimed;
         }
@@ -230,20 +245,43 @@ impl DispatcherState {
                 Err(mpsc::error::SendError(back)) => back,
             };
         }
-        if let Some(w) = self.waiters.remove(&slot) {
-            // A poll is answered once: its remaining credits go.
-            self.ctx.matchmaker.remove(&w.queue, slot);
-            return match w.reply.send(Ok(claimed)) {
-                Ok(()) => Vec::new(),
-                Err(ractor::MessagingErr::SendErr(Ok(back))) => back,
-                Err(_) => Vec::new(),
-            };
+        if let Some(w) = self.waiters.get_mut(&slot) {
+            w.got.extend(claimed);
+            if w.got.len() >= w.max {
+                return self.answer(slot);
+            }
+            if !w.lingering {
+                w.lingering = true;
+                send_after(
+                    &self.ctx.clock,
+                    POLL_LINGER,
+                    myself.clone(),
+                    DispatcherMsg::Flush(slot),
+                );
+            }
+            return Vec::new();
         }
         claimed
     }
 
+    /// Answers a poll with what it got (a poll is answered once: its remaining credits go);
+    /// returns what could not be handed over (the poller is gone).
+    fn answer(&mut self, slot: u64) -> Vec<Claimed> {
+        let Some(w) = self.waiters.remove(&slot) else { return Vec::new() };
+        self.ctx.matchmaker.remove(&w.queue, slot);
+        match w.reply.send(Ok(w.got)) {
+            Ok(()) => Vec::new(),
+            Err(ractor::MessagingErr::SendErr(Ok(back))) => back,
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Delivers per grant, recording what reached a worker; returns the orphans.
-    fn deliver_granted(&mut self, items: Vec<(Claimed, u64)>) -> Vec<Claimed> {
+    fn deliver_granted(
+        &mut self,
+        myself: &ActorRef<DispatcherMsg>,
+        items: Vec<(Claimed, u64)>,
+    ) -> Vec<Claimed> {
         let mut by_slot: BTreeMap<u64, Vec<Claimed>> = BTreeMap::new();
         for (c, slot) in items {
             by_slot.entry(slot).or_default().push(c);
@@ -251,7 +289,7 @@ impl DispatcherState {
         let mut orphans = Vec::new();
         for (slot, claimed) in by_slot {
             let n = claimed.len();
-            let back = self.deliver(slot, claimed.clone());
+            let back = self.deliver(myself, slot, claimed.clone());
             if back.len() < n {
                 let delivered: Vec<Claimed> = claimed
                     .into_iter()
@@ -266,7 +304,7 @@ impl DispatcherState {
 
     /// Claimed executions without a worker: to another waiting worker of the queue while at
     /// least half their lease is left, else released (READY again, the attempt not counted).
-    fn orphans(&mut self, orphans: Vec<Claimed>) {
+    fn orphans(&mut self, myself: &ActorRef<DispatcherMsg>, orphans: Vec<Claimed>) {
         let now = self.ctx.now_ms();
         let mut release = Vec::new();
         for c in orphans {
@@ -277,9 +315,9 @@ impl DispatcherState {
                 if enough && !self.draining { self.ctx.matchmaker.take(&q, 1).pop() } else { None };
             match grant {
                 Some(g) => {
-                    self.ctx.matchmaker.used(&q, 1);
+                    self.ctx.matchmaker.used(&q, &[(g.slot, 1)]);
                     self.ctx.matchmaker.finished(&q, 1); // it was in flight already
-                    let back = self.deliver_granted(vec![(c, g.slot)]);
+                    let back = self.deliver_granted(myself, vec![(c, g.slot)]);
                     release.extend(back);
                 }
                 None => release.push(c),
@@ -398,7 +436,7 @@ impl Actor for Dispatcher {
         s.ctx.routes.remove_dispatcher(myself.get_id());
         for (id, w) in std::mem::take(&mut s.waiters) {
             s.ctx.matchmaker.remove(&w.queue, id);
-            let _ = w.reply.send(Ok(Vec::new()));
+            let _ = w.reply.send(Ok(w.got));
         }
         for (id, session) in std::mem::take(&mut s.sessions) {
             s.ctx.matchmaker.remove(&session.queue, id);
@@ -430,7 +468,16 @@ impl Actor for Dispatcher {
                 s.next_id += 1;
                 let q = (req.namespace.clone(), req.queue.clone());
                 s.ctx.matchmaker.add(&q, id, &req.worker_id, req.lease_ms, req.max);
-                s.waiters.insert(id, Waiter { queue: q.clone(), reply });
+                s.waiters.insert(
+                    id,
+                    Waiter {
+                        queue: q.clone(),
+                        reply,
+                        max: req.max,
+                        got: Vec::new(),
+                        lingering: false,
+                    },
+                );
                 send_after(
                     &s.ctx.clock,
                     Duration::from_millis(wait),
@@ -470,20 +517,21 @@ impl Actor for Dispatcher {
                 s.claim_queue(&myself, &q);
             }
             DispatcherMsg::Matched(items) => {
-                let mut per_queue: BTreeMap<QueueKey, usize> = BTreeMap::new();
-                for (c, _) in &items {
-                    *per_queue
-                        .entry((c.execution.namespace.clone(), c.execution.queue.clone()))
-                        .or_default() += 1;
+                let mut per_queue: BTreeMap<QueueKey, BTreeMap<u64, usize>> = BTreeMap::new();
+                for (c, g) in &items {
+                    let q = (c.execution.namespace.clone(), c.execution.queue.clone());
+                    *per_queue.entry(q).or_default().entry(g.slot).or_default() += 1;
                 }
-                for (q, n) in per_queue {
-                    s.ctx.matchmaker.used(&q, n);
+                for (q, slots) in per_queue {
+                    s.ctx.matchmaker.used(&q, &slots.into_iter().collect::<Vec<_>>());
                 }
-                let orphans =
-                    s.deliver_granted(items.into_iter().map(|(c, g)| (c, g.slot)).collect());
-                s.orphans(orphans);
+                let orphans = s.deliver_granted(
+                    &myself,
+                    items.into_iter().map(|(c, g)| (c, g.slot)).collect(),
+                );
+                s.orphans(&myself, orphans);
             }
-            DispatcherMsg::Orphans(claimed) => s.orphans(claimed),
+            DispatcherMsg::Orphans(claimed) => s.orphans(&myself, claimed),
             DispatcherMsg::Claimed(q, grants, result) => {
                 let again = s.claiming.remove(&q).unwrap_or(false);
                 match result {
@@ -493,18 +541,20 @@ impl Actor for Dispatcher {
                         // Unused grants go back (per slot: the tail of each slot's share).
                         let mut unused: Vec<Grant> = Vec::new();
                         let mut items = Vec::new();
+                        let mut used: Vec<(u64, usize)> = Vec::new();
                         let slots = slots_of(&grants);
                         for ((id, got), slot) in ids.iter().zip(per_slot).zip(&slots) {
                             let missing = slot.max - got.len();
                             if let Some(g) = grants.iter().find(|g| g.slot == *id) {
                                 unused.extend(std::iter::repeat_n(g.clone(), missing));
                             }
+                            used.push((*id, got.len()));
                             items.extend(got.into_iter().map(|c| (c, *id)));
                         }
-                        s.ctx.matchmaker.used(&q, claimed);
+                        s.ctx.matchmaker.used(&q, &used);
                         s.ctx.matchmaker.give_back(&q, unused);
-                        let orphans = s.deliver_granted(items);
-                        s.orphans(orphans);
+                        let orphans = s.deliver_granted(&myself, items);
+                        s.orphans(&myself, orphans);
                         if claimed < grants.len() && !again {
                             // The queue ran dry: wait for a hint or the watch.
                             s.maybe_ready.remove(&q);
@@ -521,11 +571,21 @@ impl Actor for Dispatcher {
                     }
                 }
             }
-            DispatcherMsg::Expire(id) => {
-                if let Some(w) = s.waiters.remove(&id) {
-                    s.ctx.matchmaker.remove(&w.queue, id);
-                    let _ = w.reply.send(Ok(Vec::new()));
+            DispatcherMsg::Flush(id) => {
+                // Work reserved for this poll by a transaction still running comes soon:
+                // linger on for it rather than answer and leave it without a taker.
+                let pending =
+                    s.waiters.get(&id).map_or(0, |w| s.ctx.matchmaker.pending(&w.queue, id));
+                if pending > 0 {
+                    send_after(&s.ctx.clock, POLL_LINGER, myself.clone(), DispatcherMsg::Flush(id));
+                } else {
+                    let back = s.answer(id);
+                    s.orphans(&myself, back);
                 }
+            }
+            DispatcherMsg::Expire(id) => {
+                let back = s.answer(id);
+                s.orphans(&myself, back);
             }
             DispatcherMsg::WatchEnded(q) => {
                 s.watching.remove(&q);
@@ -541,9 +601,10 @@ impl Actor for Dispatcher {
             }
             DispatcherMsg::Drain(reply) => {
                 s.draining = true;
-                for (id, w) in std::mem::take(&mut s.waiters) {
-                    s.ctx.matchmaker.remove(&w.queue, id);
-                    let _ = w.reply.send(Ok(Vec::new()));
+                let ids: Vec<u64> = s.waiters.keys().copied().collect();
+                for id in ids {
+                    let back = s.answer(id);
+                    s.orphans(&myself, back);
                 }
                 // Dropping a stream's task sender ends it; its worker reconnects elsewhere.
                 for (id, session) in std::mem::take(&mut s.sessions) {

@@ -17,6 +17,8 @@ struct Slot {
     worker_id: String,
     lease_ms: Option<u64>,
     credits: usize,
+    /// Grants taken and not yet used or given back.
+    pending: usize,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +80,7 @@ impl Matchmaker {
             worker_id: worker_id.to_string(),
             lease_ms,
             credits: 0,
+            pending: 0,
         });
         s.credits = s.credits.saturating_add(credits);
     }
@@ -141,6 +144,7 @@ impl Matchmaker {
                 let s = queue.slots.get_mut(&id).expect("listed slot");
                 if s.credits > 0 {
                     s.credits -= 1;
+                    s.pending += 1;
                     want -= 1;
                     dealt = true;
                     grants.push(Grant {
@@ -167,18 +171,31 @@ impl Matchmaker {
         for g in grants {
             if let Some(s) = queue.slots.get_mut(&g.slot) {
                 s.credits += 1;
+                s.pending = s.pending.saturating_sub(1);
             }
         }
     }
 
-    /// Grants were used: `n` executions are now in flight on `q`.
-    pub fn used(&self, q: &QueueKey, n: usize) {
+    /// Grants were used: executions are now in flight on `q`, `n` of them for each slot.
+    pub fn used(&self, q: &QueueKey, per_slot: &[(u64, usize)]) {
         let mut m = self.lock();
         let queue = self.queue(&mut m, q);
+        let n: usize = per_slot.iter().map(|(_, n)| n).sum();
         queue.reserved = queue.reserved.saturating_sub(n);
         if queue.limit.is_some() {
             queue.in_flight += n;
         }
+        for (slot, k) in per_slot {
+            if let Some(s) = queue.slots.get_mut(slot) {
+                s.pending = s.pending.saturating_sub(*k);
+            }
+        }
+    }
+
+    /// Grants of `slot` still outstanding (reserved by a transaction not yet finished).
+    pub fn pending(&self, q: &QueueKey, slot: u64) -> usize {
+        let m = self.lock();
+        m.get(q).and_then(|queue| queue.slots.get(&slot)).map_or(0, |s| s.pending)
     }
 
     /// `n` executions of `q` left flight (finished, released, or their lease ran out).
@@ -239,7 +256,9 @@ mod tests {
         let g = m.take(&q(), 10);
         assert_eq!(g.len(), 2, "limit 2");
         assert_eq!(m.take(&q(), 1).len(), 0, "reserved count against the limit");
-        m.used(&q(), 2);
+        assert_eq!(m.pending(&q(), 1), 2);
+        m.used(&q(), &[(1, 2)]);
+        assert_eq!(m.pending(&q(), 1), 0);
         assert_eq!(m.available(&q()), 0);
         m.finished(&q(), 1);
         assert_eq!(m.take(&q(), 5).len(), 1);

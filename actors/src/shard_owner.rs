@@ -257,8 +257,14 @@ impl Actor for ShardOwner {
                 }
                 hint_ready_queues(&state.ctx, &out.fired);
                 for f in out.fired {
-                    if let Some(t) = f.next_timer.filter(|t| t.kind != TimerKind::Due as i32) {
+                    let Some(t) = f.next_timer else { continue };
+                    // An execution that outlived a timer (a renewed lease, a retry back-off)
+                    // gets a supervisor; a fresh attempt matched at fire time is followed by
+                    // the window like any claimed one (most complete within their first lease).
+                    if f.kind == TimerKind::LeaseCheck || f.status == ExecutionStatus::RetryWait {
                         state.supervise(&myself, t).await;
+                    } else {
+                        state.route(t);
                     }
                 }
                 state.window.fired(at, out.more);

@@ -244,11 +244,20 @@ impl Env {
             if Instant::now() >= deadline {
                 return Ok(false);
             }
-            if let Some(p) = &self.pool {
-                p.check()?;
-            }
+            self.check()?;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// An error if a worker process or the spawned node died.
+    pub fn check(&self) -> Result<()> {
+        if let Some(p) = &self.pool {
+            p.check()?;
+        }
+        if let Node::Spawned(n) = &self.node {
+            n.check()?;
+        }
+        Ok(())
     }
 
     /// Stops the workers and the spawned node.

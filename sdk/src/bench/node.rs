@@ -124,6 +124,14 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
     })
 }
 
+/// Whether process `pid` exists and is not a zombie (dead, not yet reaped).
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with(['Z', 'X'])))
+        .is_some_and(|dead| !dead)
+}
+
 /// `GET /healthz` on 127.0.0.1:`port`: the status code and body.
 fn healthz(port: u16) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(
@@ -263,9 +271,16 @@ impl NodeProc {
         }
     }
 
-    /// Whether the process is still running.
-    pub fn alive(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    /// An error naming the log if the process died.
+    pub fn check(&self) -> Result<()> {
+        match self.pid() {
+            Some(pid) if running(pid) => Ok(()),
+            _ => bail!(
+                "the node died during the run; its log is {}:\n{}",
+                self.log_path.display(),
+                tail(&self.log_path, 20)
+            ),
+        }
     }
 
     /// CPU seconds of every process so far, and their peak RSS (KiB), and the current RSS.

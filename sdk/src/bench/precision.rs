@@ -86,9 +86,7 @@ async fn steady(env: &Env, phase: &str) -> Result<Steady> {
             r.map_err(|e| anyhow!("submission task: {e}"))??;
         }
         bar.set(env.tracker.lock().started() as u64);
-        if let Some(p) = &env.pool {
-            p.check()?;
-        }
+        env.check()?;
     }
     while let Some(r) = set.join_next().await {
         r.map_err(|e| anyhow!("submission task: {e}"))??;

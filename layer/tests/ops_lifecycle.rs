@@ -330,3 +330,35 @@ async fn a_released_attempt_is_ready_again_and_not_counted() {
     assert_eq!(abandoned, 5);
     w.check_invariants().await;
 }
+
+#[tokio::test]
+async fn lists_by_every_status_including_the_unindexed_passing_ones() {
+    use kairos_layer::ops::query::ListQuery;
+    let w = world(21, FaultConfig::none()).await;
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(w.sched.submit(request(None, T0)).await.unwrap().execution.id);
+        }
+        v
+    };
+    w.fire_all().await;
+    let running = w.sched.claim(NS, "report", "w", 1, None).await.unwrap()[0].execution.id.clone();
+    let list = |status| {
+        let q = ListQuery { namespace: NS.into(), status: Some(status), ..ListQuery::default() };
+        let s = w.sched.clone();
+        async move { s.list(&q).await.unwrap().executions.into_iter().map(|e| e.id).collect::<Vec<_>>() }
+    };
+    assert_eq!(list(ExecutionStatus::Running).await, vec![running.clone()]);
+    let ready = list(ExecutionStatus::Ready).await;
+    assert_eq!(ready.len(), 2);
+    assert!(ready.iter().all(|id| ids.contains(id) && *id != running));
+    w.sched.complete(NS, &running, 1, Vec::new(), String::new()).await.unwrap();
+    assert_eq!(list(ExecutionStatus::Succeeded).await, vec![running.clone()]);
+    assert!(list(ExecutionStatus::Running).await.is_empty());
+    let attempts = w.sched.attempts(NS, &running).await.unwrap();
+    assert_eq!(attempts.len(), 1, "the successful attempt, from the execution record");
+    assert_eq!(attempts[0].status(), AttemptStatus::Succeeded);
+    assert_eq!(attempts[0].worker_id, "w");
+    w.check_invariants().await;
+}

@@ -24,7 +24,7 @@ pub mod fire;
 pub mod leases;
 pub mod limits;
 pub mod query;
-mod records;
+pub mod records;
 pub mod retry;
 pub mod submit;
 pub mod worker;

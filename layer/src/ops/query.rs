@@ -9,7 +9,7 @@ use kairos_proto::storage::v1::{
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::limits::LIST_PAGE_MAX;
-use super::records::{decode, running_attempt};
+use super::records::{decode, is_indexed, running_attempt, succeeded_attempt};
 use crate::keys::Tag;
 use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
@@ -93,6 +93,8 @@ impl Scheduler {
                     let e: Execution = decode("execution", &v)?;
                     if e.status == ExecutionStatus::Running as i32 {
                         out.push(running_attempt(&e));
+                    } else if e.status == ExecutionStatus::Succeeded as i32 {
+                        out.push(succeeded_attempt(&e));
                     }
                 }
                 Ok(out)
@@ -169,7 +171,10 @@ impl Scheduler {
             return Err(invalid("from", "must not be after `to`"));
         }
         let ns = q.namespace.as_str();
-        let (tag, mut range) = match (&q.status, &q.definition) {
+        // READY and RUNNING are not in the status index: filter the time (or definition)
+        // index for them.
+        let indexed_status = q.status.filter(|s| is_indexed(*s as i32));
+        let (tag, mut range) = match (&indexed_status, &q.definition) {
             (Some(s), _) => (Tag::ByStatus, self.ks.by_status_range(ns, *s as i32, from, to)),
             (None, Some(d)) => (Tag::ByDefinition, self.ks.by_definition_range(ns, d, from, to)),
             (None, None) => (Tag::ByTime, self.ks.by_time_range(ns, from, to)),
@@ -209,7 +214,9 @@ impl Scheduler {
                         begin = key_after(&kv.key);
                         let Some(v) = v else { continue };
                         let e: Execution = decode("execution", &v)?;
-                        if q.definition.as_ref().is_none_or(|d| &e.definition_name == d) {
+                        if q.definition.as_ref().is_none_or(|d| &e.definition_name == d)
+                            && q.status.is_none_or(|s| e.status == s as i32)
+                        {
                             page.executions.push(e);
                         }
                     }

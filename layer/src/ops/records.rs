@@ -70,6 +70,32 @@ pub(crate) fn timer_key(e: &Execution, t: &TimerRef) -> TimerKey {
     }
 }
 
+/// Whether executions in `status` have entries in the status index. The passing states READY
+/// and RUNNING have none: an execution crosses them in milliseconds, and indexing them would
+/// cost four more writes per execution; listing them scans the time index instead (their
+/// counts are exact either way).
+pub fn is_indexed(status: i32) -> bool {
+    status != ExecutionStatus::Ready as i32 && status != ExecutionStatus::Running as i32
+}
+
+/// The attempt that made an execution SUCCEEDED, as the execution carries it (a successful
+/// attempt's record is never stored: the execution holds all of it).
+pub(crate) fn succeeded_attempt(e: &Execution) -> Attempt {
+    debug_assert_eq!(e.status, ExecutionStatus::Succeeded as i32, "only a successful attempt");
+    Attempt {
+        execution_id: e.id.clone(),
+        number: e.attempt_count,
+        worker_id: e.worker_id.clone(),
+        lease_owner: e.worker_id.clone(),
+        lease_expires_at_ms: 0,
+        fencing_token: e.fencing_token,
+        started_at_ms: e.started_at_ms,
+        ended_at_ms: e.finished_at_ms,
+        status: AttemptStatus::Succeeded as i32,
+        error: None,
+    }
+}
+
 /// The running attempt of a RUNNING execution, as the execution carries it (the attempt record
 /// is only written when the attempt ends).
 pub(crate) fn running_attempt(e: &Execution) -> Attempt {
@@ -94,7 +120,8 @@ impl Scheduler {
         e.shard % self.config.ready_partitions.max(1)
     }
 
-    /// Writes an execution, moving its status index entry and count if the status changed.
+    /// Writes an execution, moving its status index entry (for [indexed](is_indexed) states)
+    /// and count if the status changed.
     pub(crate) fn save_execution(
         &self,
         tx: &Transaction,
@@ -105,10 +132,14 @@ impl Scheduler {
         if before_status != Some(e.status) {
             let part = self.partition_of(e);
             if let Some(old) = before_status {
-                tx.clear(&ks.by_status(&e.namespace, old, e.execute_at_ms, &e.id))?;
+                if is_indexed(old) {
+                    tx.clear(&ks.by_status(&e.namespace, old, e.execute_at_ms, &e.id))?;
+                }
                 tx.add_i64(&ks.status_count(&e.namespace, old, part), -1)?;
             }
-            tx.set(&ks.by_status(&e.namespace, e.status, e.execute_at_ms, &e.id), b"")?;
+            if is_indexed(e.status) {
+                tx.set(&ks.by_status(&e.namespace, e.status, e.execute_at_ms, &e.id), b"")?;
+            }
             // Atomic adds: counting adds no conflict between concurrent transitions, and the
             // partition keeps any one counter from being written by every node.
             tx.add_i64(&ks.status_count(&e.namespace, e.status, part), 1)?;

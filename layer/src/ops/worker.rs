@@ -297,7 +297,8 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Writes the record of the running attempt as ended by `event` and clears its lease check.
+    /// Writes the record of the running attempt as ended by `event` (a successful one is not
+    /// written: the execution holds it) and clears its lease check.
     fn end_attempt(
         &self,
         tx: &Transaction,
@@ -310,7 +311,9 @@ impl Scheduler {
         a.status = attempt_transition(a.status(), event)? as i32;
         a.ended_at_ms = now_ms;
         a.error = error;
-        self.save_attempt(tx, &e.namespace, &a)?;
+        if event != AttemptEvent::Succeed {
+            self.save_attempt(tx, &e.namespace, &a)?;
+        }
         self.clear_timer(tx, e)?;
         Ok(())
     }
@@ -510,13 +513,20 @@ impl Scheduler {
         // A repeat of a result that already committed (a retry after an unknown commit
         // result, or the worker sending it twice) answers as the first did.
         if e.fencing_token == r.token && e.status != ExecutionStatus::Running as i32 {
-            let ended = load_attempt(tx, self, &e.namespace, &e.id, e.attempt_count).await?;
-            let same = matches!(
-                (&r.outcome, ended.map(|a| a.status())),
-                (Outcome::Success { .. }, Some(AttemptStatus::Succeeded))
-                    | (Outcome::Failure(_), Some(AttemptStatus::Failed | AttemptStatus::Cancelled))
-                    | (Outcome::Release, Some(AttemptStatus::Abandoned))
-            );
+            let same = match &r.outcome {
+                Outcome::Success { .. } => e.status == ExecutionStatus::Succeeded as i32,
+                outcome => {
+                    let ended =
+                        load_attempt(tx, self, &e.namespace, &e.id, e.attempt_count).await?;
+                    matches!(
+                        (outcome, ended.map(|a| a.status())),
+                        (
+                            Outcome::Failure(_),
+                            Some(AttemptStatus::Failed | AttemptStatus::Cancelled)
+                        ) | (Outcome::Release, Some(AttemptStatus::Abandoned))
+                    )
+                }
+            };
             if same {
                 return Ok(());
             }

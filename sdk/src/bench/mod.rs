@@ -220,9 +220,13 @@ impl Env {
         Ok(())
     }
 
-    /// The node's CPU seconds and RSS, when known.
-    pub fn sample(&self) -> Option<ProcSample> {
-        self.node.sample()
+    /// CPU seconds (and the node's RSS) of the node, this generator and the workers.
+    pub fn sample(&self) -> Usage {
+        Usage {
+            node: self.node.sample(),
+            generator_cpu_s: node::sample(std::process::id()).map_or(0.0, |s| s.cpu_s),
+            workers_cpu_s: self.pool.as_ref().map_or(0.0, Pool::cpu_s),
+        }
     }
 
     /// Waits until `target` executions of the current phase have started, or `deadline`;
@@ -271,9 +275,26 @@ impl Env {
     }
 }
 
-/// The node's CPU seconds and peak RSS between two samples, into the report.
-pub(crate) fn node_usage(r: &mut Report, before: Option<ProcSample>, after: Option<ProcSample>) {
-    match (before, after) {
+/// CPU seconds of the processes of a run at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// The node (CPU and RSS), when known.
+    pub node: Option<ProcSample>,
+    /// This process.
+    pub generator_cpu_s: f64,
+    /// The worker processes.
+    pub workers_cpu_s: f64,
+}
+
+/// The node's CPU seconds and peak RSS between two samples, and the CPU the generator and
+/// the workers used meanwhile, into the report.
+pub(crate) fn node_usage(r: &mut Report, before: Usage, after: Usage) {
+    let gen_cpu = stats::round2(after.generator_cpu_s - before.generator_cpu_s);
+    let workers_cpu = stats::round2(after.workers_cpu_s - before.workers_cpu_s);
+    r.row("generator / workers CPU", format!("{gen_cpu:.2} s / {workers_cpu:.2} s"));
+    r.set("generator_cpu_s", gen_cpu);
+    r.set("workers_cpu_s", workers_cpu);
+    match (before.node, after.node) {
         (Some(b), Some(a)) => {
             let cpu = stats::round2(a.cpu_s - b.cpu_s);
             let mib = stats::round1(a.hwm_kib as f64 / 1024.0);

@@ -224,7 +224,7 @@ pub async fn run_s4(env: &mut Env) -> Result<Report> {
     r.set("p99_before_ms", round1(base.outcome.lateness.p99));
     r.set("p99_after_ms", round1(after.outcome.lateness.p99));
     r.set("p99_ratio", ratio);
-    match after_preload {
+    match after_preload.node {
         Some(p) => {
             let mib = round1(p.rss_kib as f64 / 1024.0);
             r.row("node RSS after the preload", format!("{mib:.1} MiB"));

@@ -197,6 +197,16 @@ impl Pool {
         Ok(pool)
     }
 
+    /// CPU seconds the worker processes used so far.
+    pub fn cpu_s(&self) -> f64 {
+        self.children
+            .iter()
+            .filter_map(|c| c.id())
+            .filter_map(super::node::sample)
+            .map(|s| s.cpu_s)
+            .sum()
+    }
+
     fn log_list(&self) -> String {
         self.logs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     }

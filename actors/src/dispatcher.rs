@@ -9,6 +9,14 @@
 //!   work (a local hint, a watch on the queue's ready signals, or simply not known yet), one
 //!   `claim_many` per queue per node takes work for all of them, each with its own lease.
 //!
+//! - **from the dispatch buffer** (queues served by worker streams): the node claims a little
+//!   ahead of demand — up to the streams' total slots — *unassigned* (no worker named yet), so
+//!   a credit coming back with a result is answered with a task at once instead of after a
+//!   claim transaction. A buffered attempt is named by its worker's first heartbeat or result;
+//!   if the node dies holding it, its lease runs out and it is released uncounted (it never
+//!   ran). Items older than half their lease are released, and a queue whose streams all
+//!   closed gives its buffer back.
+//!
 //! Claimed work whose worker vanished before delivery (an *orphan*) goes to another waiting
 //! worker of the queue if at least half its lease is left, else it is released (READY again at
 //! once, the attempt not counted). Claims run in spawned tasks; results come back as messages.
@@ -100,6 +108,10 @@ pub enum DispatcherMsg {
     Finished(QueueKey, usize),
     /// Stop serving: answer waiting polls with no work, close worker streams.
     Drain(RpcReplyPort<()>),
+    /// A claim for a queue's dispatch buffer finished: (queue, asked, result).
+    Buffered(QueueKey, usize, Result<Vec<Claimed>, Error>),
+    /// Release dispatch-buffer items that waited too long.
+    AgeBuffers,
 }
 
 struct Waiter {
@@ -118,7 +130,23 @@ pub const POLL_LINGER: Duration = Duration::from_millis(2);
 struct Session {
     queue: QueueKey,
     tasks: TaskSender,
+    /// The worker's slots (its credits when it opened the stream).
+    capacity: usize,
 }
+
+/// Executions claimed ahead of demand for a queue's worker streams.
+#[derive(Default)]
+struct Buffer {
+    items: std::collections::VecDeque<Claimed>,
+    refilling: bool,
+    /// A ready hint came while a refill was in flight.
+    again: bool,
+}
+
+/// Most executions one queue's dispatch buffer holds.
+pub const DISPATCH_BUFFER_MAX: usize = 512;
+/// How often the buffers are checked for items waiting too long.
+const BUFFER_AGE_CHECK: Duration = Duration::from_secs(1);
 
 /// The dispatcher actor.
 pub struct Dispatcher;
@@ -136,10 +164,140 @@ pub struct DispatcherState {
     /// Queues seen so far (a first waiter claims at once: work may be ready from before).
     known: BTreeSet<QueueKey>,
     watching: BTreeSet<QueueKey>,
+    buffers: BTreeMap<QueueKey, Buffer>,
     draining: bool,
 }
 
 impl DispatcherState {
+    /// Whether `q` is served through a dispatch buffer: worker streams wait on it and it has
+    /// no concurrency limit (a buffer would hold work beyond the limit).
+    fn buffered(&self, q: &QueueKey) -> bool {
+        !self.ctx.matchmaker.is_limited(q) && self.sessions.values().any(|s| &s.queue == q)
+    }
+
+    /// How much `q`'s buffer aims to hold: the streams' slots, bounded.
+    fn buffer_target(&self, q: &QueueKey) -> usize {
+        let slots: usize =
+            self.sessions.values().filter(|s| &s.queue == q).map(|s| s.capacity).sum();
+        slots.min(DISPATCH_BUFFER_MAX)
+    }
+
+    /// Hands buffered executions to the waiting workers of `q` with credits.
+    fn serve_buffer(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
+        let n = self.buffers.get(q).map_or(0, |b| b.items.len());
+        if n == 0 {
+            return;
+        }
+        let grants = self.ctx.matchmaker.take(q, n);
+        if grants.is_empty() {
+            return;
+        }
+        let now = self.ctx.now_ms();
+        let mut items = Vec::with_capacity(grants.len());
+        let mut stale = Vec::new();
+        let mut unused = Vec::new();
+        let buffer = self.buffers.get_mut(q).expect("checked above");
+        for g in grants {
+            loop {
+                match buffer.items.pop_front() {
+                    Some(c) if fresh(&c, now) => {
+                        items.push((c, g.slot));
+                        break;
+                    }
+                    Some(c) => stale.push(c),
+                    None => {
+                        unused.push(g);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut used: BTreeMap<u64, usize> = BTreeMap::new();
+        for (_, slot) in &items {
+            *used.entry(*slot).or_default() += 1;
+        }
+        self.ctx.matchmaker.used(q, &used.into_iter().collect::<Vec<_>>());
+        self.ctx.matchmaker.give_back(q, unused);
+        let mut orphans = self.deliver_granted(myself, items);
+        orphans.extend(stale);
+        self.release(orphans);
+    }
+
+    /// Claims ahead for `q`'s buffer when it runs below half its target and the queue may
+    /// hold READY work.
+    fn refill(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
+        if self.draining || !self.buffered(q) || !self.maybe_ready.contains(q) {
+            return;
+        }
+        let target = self.buffer_target(q);
+        let b = self.buffers.entry(q.clone()).or_default();
+        if b.refilling {
+            b.again = true;
+            return;
+        }
+        if b.items.len() * 2 > target {
+            return;
+        }
+        let want = (target - b.items.len()).min(CLAIM_MANY_MAX);
+        if want == 0 {
+            return;
+        }
+        b.refilling = true;
+        b.again = false;
+        let mut slots = Vec::new();
+        let mut left = want;
+        while left > 0 {
+            let n = left.min(CLAIM_BATCH_MAX);
+            // Unassigned: the worker is named by its first heartbeat or result.
+            slots.push(ClaimSlot { worker_id: String::new(), max: n, lease_ms: None });
+            left -= n;
+        }
+        let (sched, me, q) = (self.ctx.sched.clone(), myself.clone(), q.clone());
+        tokio::spawn(async move {
+            let r = sched.claim_many(&q.0, &q.1, &slots).await.map(|v| v.concat());
+            let _ = me.send_message(DispatcherMsg::Buffered(q, want, r));
+        });
+    }
+
+    /// Gives claimed executions back: READY again at once, the attempts not counted.
+    fn release(&self, claimed: Vec<Claimed>) {
+        if claimed.is_empty() {
+            return;
+        }
+        self.ctx
+            .metrics
+            .orphans_released
+            .fetch_add(claimed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            let reports: Vec<Report> = claimed
+                .iter()
+                .map(|c| Report {
+                    namespace: c.execution.namespace.clone(),
+                    execution_id: c.execution.id.clone(),
+                    token: c.attempt.fencing_token,
+                    outcome: Outcome::Release,
+                    worker_id: None,
+                })
+                .collect();
+            match ctx.batcher.report(reports).await {
+                Ok(results) => {
+                    for e in results.into_iter().flatten() {
+                        let q = (e.namespace.clone(), e.queue.clone());
+                        if ctx.matchmaker.is_limited(&q)
+                            && let Some(d) = ctx.routes.dispatcher()
+                        {
+                            let _ = d.send_message(DispatcherMsg::Finished(q.clone(), 1));
+                        }
+                        ctx.routes.ready_hint(&q.0, &q.1);
+                    }
+                }
+                // Not released: their leases run out and the lease check releases or retries
+                // them.
+                Err(e) => tracing::warn!(error = %e, "releasing undelivered executions failed"),
+            }
+        });
+    }
     fn has_demand(&self, q: &QueueKey) -> bool {
         self.sessions.values().any(|s| &s.queue == q)
             || self.waiters.values().any(|w| &w.queue == q)
@@ -149,6 +307,15 @@ impl DispatcherState {
     fn demand(&mut self, myself: &ActorRef<DispatcherMsg>, q: &QueueKey) {
         if self.known.insert(q.clone()) {
             self.maybe_ready.insert(q.clone());
+        }
+        if self.buffered(q) {
+            self.serve_buffer(myself, q);
+            if self.maybe_ready.contains(q) {
+                self.refill(myself, q);
+            } else {
+                self.ensure_watch(myself, q);
+            }
+            return;
         }
         if self.maybe_ready.contains(q) {
             self.claim_queue(myself, q);
@@ -307,10 +474,16 @@ impl DispatcherState {
     fn orphans(&mut self, myself: &ActorRef<DispatcherMsg>, orphans: Vec<Claimed>) {
         let now = self.ctx.now_ms();
         let mut release = Vec::new();
+        let mut touched = BTreeSet::new();
         for c in orphans {
             let q = (c.execution.namespace.clone(), c.execution.queue.clone());
-            let left = c.execution.lease_expires_at_ms - now;
-            let enough = left.saturating_mul(2) >= c.execution.lease_ms as i64;
+            let enough = fresh(&c, now);
+            if enough && !self.draining && self.buffered(&q) {
+                // Back to the front of the queue's buffer, for the next credit.
+                self.buffers.entry(q.clone()).or_default().items.push_front(c);
+                touched.insert(q);
+                continue;
+            }
             let grant =
                 if enough && !self.draining { self.ctx.matchmaker.take(&q, 1).pop() } else { None };
             match grant {
@@ -323,41 +496,18 @@ impl DispatcherState {
                 None => release.push(c),
             }
         }
-        if release.is_empty() {
-            return;
+        self.release(release);
+        for q in touched {
+            self.serve_buffer(myself, &q);
         }
-        self.ctx
-            .metrics
-            .orphans_released
-            .fetch_add(release.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let ctx = self.ctx.clone();
-        tokio::spawn(async move {
-            let reports: Vec<Report> = release
-                .iter()
-                .map(|c| Report {
-                    namespace: c.execution.namespace.clone(),
-                    execution_id: c.execution.id.clone(),
-                    token: c.attempt.fencing_token,
-                    outcome: Outcome::Release,
-                })
-                .collect();
-            match ctx.batcher.report(reports).await {
-                Ok(results) => {
-                    for e in results.into_iter().flatten() {
-                        let q = (e.namespace.clone(), e.queue.clone());
-                        if ctx.matchmaker.is_limited(&q)
-                            && let Some(d) = ctx.routes.dispatcher()
-                        {
-                            let _ = d.send_message(DispatcherMsg::Finished(q.clone(), 1));
-                        }
-                        ctx.routes.ready_hint(&q.0, &q.1);
-                    }
-                }
-                // Not released: their leases run out and the retry policy applies.
-                Err(e) => tracing::warn!(error = %e, "releasing undelivered executions failed"),
-            }
-        });
     }
+}
+
+/// Whether a claimed execution still has at least half its lease: enough for its worker's
+/// first heartbeat (at a third of the lease) to land in time.
+fn fresh(c: &Claimed, now: i64) -> bool {
+    let left = c.execution.lease_expires_at_ms - now;
+    left.saturating_mul(2) >= c.execution.lease_ms as i64
 }
 
 /// One claim slot per waiting worker among the grants, in grant order.
@@ -414,7 +564,8 @@ impl Actor for Dispatcher {
         myself: ActorRef<DispatcherMsg>,
         ctx: Ctx,
     ) -> Result<DispatcherState, ActorProcessingErr> {
-        ctx.routes.set_dispatcher(Some(myself));
+        ctx.routes.set_dispatcher(Some(myself.clone()));
+        send_after(&ctx.clock, BUFFER_AGE_CHECK, myself, DispatcherMsg::AgeBuffers);
         Ok(DispatcherState {
             ctx,
             next_id: 1,
@@ -424,6 +575,7 @@ impl Actor for Dispatcher {
             maybe_ready: BTreeSet::new(),
             known: BTreeSet::new(),
             watching: BTreeSet::new(),
+            buffers: BTreeMap::new(),
             draining: false,
         })
     }
@@ -441,6 +593,9 @@ impl Actor for Dispatcher {
         for (id, session) in std::mem::take(&mut s.sessions) {
             s.ctx.matchmaker.remove(&session.queue, id);
         }
+        let buffered: Vec<Claimed> =
+            std::mem::take(&mut s.buffers).into_values().flat_map(|b| b.items).collect();
+        s.release(buffered);
         Ok(())
     }
 
@@ -495,7 +650,10 @@ impl Actor for Dispatcher {
                 }
                 let q = (open.namespace.clone(), open.queue.clone());
                 s.ctx.matchmaker.add(&q, id, &open.worker_id, open.lease_ms, open.credits);
-                s.sessions.insert(id, Session { queue: q.clone(), tasks: open.tasks });
+                s.sessions.insert(
+                    id,
+                    Session { queue: q.clone(), tasks: open.tasks, capacity: open.credits },
+                );
                 s.demand(&myself, &q);
             }
             DispatcherMsg::Credits(id, n) => {
@@ -508,13 +666,70 @@ impl Actor for Dispatcher {
             DispatcherMsg::Close(id) => {
                 if let Some(session) = s.sessions.remove(&id) {
                     s.ctx.matchmaker.remove(&session.queue, id);
+                    if !s.buffered(&session.queue)
+                        && let Some(b) = s.buffers.remove(&session.queue)
+                    {
+                        // No stream left on this node: let other nodes' workers have them.
+                        s.release(b.items.into());
+                    }
                 }
             }
             DispatcherMsg::Ready { ns, queue } => {
                 let q = (ns, queue);
                 s.known.insert(q.clone());
                 s.maybe_ready.insert(q.clone());
-                s.claim_queue(&myself, &q);
+                if s.buffered(&q) {
+                    s.refill(&myself, &q);
+                } else {
+                    s.claim_queue(&myself, &q);
+                }
+            }
+            DispatcherMsg::Buffered(q, asked, result) => {
+                let again = s.buffers.get_mut(&q).is_some_and(|b| {
+                    b.refilling = false;
+                    std::mem::take(&mut b.again)
+                });
+                match result {
+                    Ok(claimed) => {
+                        let n = claimed.len();
+                        if n < asked && !again {
+                            s.maybe_ready.remove(&q); // the queue ran dry
+                        }
+                        if s.buffered(&q) && !s.draining {
+                            s.buffers.entry(q.clone()).or_default().items.extend(claimed);
+                            s.serve_buffer(&myself, &q);
+                        } else {
+                            s.release(claimed);
+                        }
+                        if s.has_demand(&q) {
+                            s.demand(&myself, &q);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(namespace = %q.0, queue = %q.1, error = %e, "claim for the dispatch buffer failed; retrying shortly");
+                        let retry = DispatcherMsg::Ready { ns: q.0.clone(), queue: q.1.clone() };
+                        send_after(&s.ctx.clock, Duration::from_millis(100), myself.clone(), retry);
+                    }
+                }
+            }
+            DispatcherMsg::AgeBuffers => {
+                let now = s.ctx.now_ms();
+                let mut stale = Vec::new();
+                for b in s.buffers.values_mut() {
+                    let (keep, old): (Vec<Claimed>, Vec<Claimed>) =
+                        b.items.drain(..).partition(|c| fresh(c, now));
+                    b.items = keep.into();
+                    stale.extend(old);
+                }
+                s.release(stale);
+                if !s.draining {
+                    send_after(
+                        &s.ctx.clock,
+                        BUFFER_AGE_CHECK,
+                        myself.clone(),
+                        DispatcherMsg::AgeBuffers,
+                    );
+                }
             }
             DispatcherMsg::Matched(items) => {
                 let mut per_queue: BTreeMap<QueueKey, BTreeMap<u64, usize>> = BTreeMap::new();
@@ -610,6 +825,9 @@ impl Actor for Dispatcher {
                 for (id, session) in std::mem::take(&mut s.sessions) {
                     s.ctx.matchmaker.remove(&session.queue, id);
                 }
+                let buffered: Vec<Claimed> =
+                    std::mem::take(&mut s.buffers).into_values().flat_map(|b| b.items).collect();
+                s.release(buffered);
                 let _ = reply.send(());
             }
         }

@@ -226,7 +226,7 @@ impl Node {
 
     /// Extends an attempt's lease (fenced).
     pub async fn heartbeat(&self, ns: &str, id: &str, token: u64) -> ops::Result<HeartbeatOutcome> {
-        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token };
+        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token, worker_id: None };
         self.heartbeat_many(vec![beat])
             .await?
             .pop()
@@ -282,7 +282,8 @@ impl Node {
         Ok(out)
     }
 
-    async fn report_one(&self, r: Report) -> ops::Result<Execution> {
+    /// Applies one worker's result (see [`report`](Self::report)).
+    pub async fn report_one(&self, r: Report) -> ops::Result<Execution> {
         self.report(vec![r])
             .await?
             .pop()
@@ -303,6 +304,7 @@ impl Node {
             execution_id: id.into(),
             token,
             outcome: Outcome::Success { output_json, output_reference },
+            worker_id: None,
         })
         .await
     }
@@ -328,6 +330,7 @@ impl Node {
             execution_id: id.into(),
             token,
             outcome: Outcome::Failure(error),
+            worker_id: None,
         })
         .await
     }

@@ -362,3 +362,40 @@ async fn lists_by_every_status_including_the_unindexed_passing_ones() {
     assert_eq!(attempts[0].worker_id, "w");
     w.check_invariants().await;
 }
+
+#[tokio::test]
+async fn an_unassigned_claim_is_released_uncounted_when_no_worker_confirmed_it() {
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::worker::Beat;
+    let w = world(22, FaultConfig::none()).await;
+    let a = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    let b = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    // A node's dispatch buffer claims both without naming a worker.
+    let slot = ClaimSlot { worker_id: String::new(), max: 2, lease_ms: None };
+    let claimed: Vec<_> = w.sched.claim_many(NS, "report", &[slot]).await.unwrap().concat();
+    assert_eq!(claimed.len(), 2);
+    assert!(claimed.iter().all(|c| c.execution.worker_id.is_empty()));
+    // `a` reaches a worker, whose heartbeat names it; `b` stays in the buffer of a node that
+    // dies.
+    let ta = claimed.iter().find(|c| c.execution.id == a).unwrap().attempt.fencing_token;
+    w.advance_ms(1_000);
+    let beat = Beat {
+        namespace: NS.into(),
+        execution_id: a.clone(),
+        token: ta,
+        worker_id: Some("w7".into()),
+    };
+    w.sched.heartbeat_many(vec![beat]).await.unwrap().pop().unwrap().unwrap();
+    assert_eq!(w.sched.get(NS, &a).await.unwrap().worker_id, "w7");
+    w.advance_ms(31_000); // both leases run out
+    w.fire_all().await;
+    let ea = w.sched.get(NS, &a).await.unwrap();
+    assert_eq!(ea.status(), ExecutionStatus::RetryWait, "a confirmed attempt times out: counted");
+    let eb = w.sched.get(NS, &b).await.unwrap();
+    assert_eq!(eb.status(), ExecutionStatus::Ready, "an unconfirmed one is released");
+    assert_eq!(eb.attempts_released, 1);
+    let attempts = w.sched.attempts(NS, &b).await.unwrap();
+    assert_eq!(attempts[0].status(), AttemptStatus::Abandoned);
+    w.check_invariants().await;
+}

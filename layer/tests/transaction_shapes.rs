@@ -109,6 +109,7 @@ async fn full_batches_commit_in_a_few_round_trips() {
             namespace: NS.into(),
             execution_id: c.execution.id.clone(),
             token: c.attempt.fencing_token,
+            worker_id: None,
         })
         .collect();
     tokio::time::advance(Duration::from_millis(10)).await;

@@ -142,6 +142,7 @@ async fn a_stale_attempt_is_fenced_out() {
         fencing_token: token,
         output_json: String::new(),
         output_reference: String::new(),
+        worker_id: "doomed".into(),
     };
     let err = raw.complete(stale).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
@@ -150,6 +151,7 @@ async fn a_stale_attempt_is_fenced_out() {
         namespace: "default".into(),
         execution_id: id.clone(),
         fencing_token: token,
+        worker_id: "doomed".into(),
     };
     assert_eq!(raw.heartbeat(hb).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     let (e, _) = client.get(&id).await.unwrap();

@@ -302,7 +302,7 @@ impl ExecutionService for Api {
 }
 
 /// A worker's result as the layer takes it; `field` names where it came from in errors.
-fn report_of(ns: &str, r: TaskResult) -> Result<Report, ops::Error> {
+fn report_of(ns: &str, worker: &str, r: TaskResult) -> Result<Report, ops::Error> {
     let outcome = match r.outcome {
         Some(task_result::Outcome::Success(s)) => Outcome::Success {
             output_json: s.output_json.into_bytes(),
@@ -317,7 +317,13 @@ fn report_of(ns: &str, r: TaskResult) -> Result<Report, ops::Error> {
         None => return Err(invalid("outcome", "is required: success, failure or release")),
     };
     let namespace = if r.namespace.is_empty() { ns.to_string() } else { r.namespace };
-    Ok(Report { namespace, execution_id: r.execution_id, token: r.fencing_token, outcome })
+    Ok(Report {
+        namespace,
+        execution_id: r.execution_id,
+        token: r.fencing_token,
+        outcome,
+        worker_id: (!worker.is_empty()).then(|| worker.to_string()),
+    })
 }
 
 fn ack(id: String, r: Result<&storage::Execution, &ops::Error>) -> ResultAck {
@@ -337,7 +343,12 @@ fn ack(id: String, r: Result<&storage::Execution, &ops::Error>) -> ResultAck {
 
 impl Api {
     /// Applies results (batched with others on the node); one acknowledgement each, in order.
-    async fn report(&self, ns: &str, results: Vec<TaskResult>) -> Result<Vec<ResultAck>, Status> {
+    async fn report(
+        &self,
+        ns: &str,
+        worker: &str,
+        results: Vec<TaskResult>,
+    ) -> Result<Vec<ResultAck>, Status> {
         if results.len() > ops::worker::REPORT_BATCH_MAX {
             return Err(status(&invalid(
                 "results",
@@ -349,7 +360,7 @@ impl Api {
         let mut reports = Vec::new();
         for r in results {
             let id = r.execution_id.clone();
-            match report_of(ns, r) {
+            match report_of(ns, worker, r) {
                 Ok(rep) => {
                     ids.push(id);
                     reports.push(rep);
@@ -379,7 +390,12 @@ impl Api {
     }
 
     /// Extends leases (batched with others on the node); one acknowledgement each.
-    async fn heartbeats(&self, ns: &str, refs: Vec<TaskRef>) -> Result<Vec<HeartbeatAck>, Status> {
+    async fn heartbeats(
+        &self,
+        ns: &str,
+        worker: &str,
+        refs: Vec<TaskRef>,
+    ) -> Result<Vec<HeartbeatAck>, Status> {
         let now = self.node.scheduler().clock().now().as_millis();
         let beats: Vec<Beat> = refs
             .iter()
@@ -387,6 +403,7 @@ impl Api {
                 namespace: ns.to_string(),
                 execution_id: r.execution_id.clone(),
                 token: r.fencing_token,
+                worker_id: (!worker.is_empty()).then(|| worker.to_string()),
             })
             .collect();
         let out = self.node.heartbeat_many(beats).await.map_err(|e| status(&e))?;
@@ -510,9 +527,10 @@ impl WorkerService for Api {
                         api.node.session_credits(session, m.credits as usize);
                     }
                     if !m.results.is_empty() {
-                        let (api, out, ns) = (api.clone(), out_tx.clone(), ns.clone());
+                        let (api, out, ns, worker) =
+                            (api.clone(), out_tx.clone(), ns.clone(), open.worker_id.clone());
                         tokio::spawn(async move {
-                            let msg = match api.report(&ns, m.results).await {
+                            let msg = match api.report(&ns, &worker, m.results).await {
                                 Ok(acks) => Ok(WorkResponse { acks, ..WorkResponse::default() }),
                                 // Not applied (the store is unavailable): the worker sends them
                                 // again on its next stream.
@@ -522,9 +540,11 @@ impl WorkerService for Api {
                         });
                     }
                     if !m.heartbeats.is_empty() {
-                        let (api, out, ns) = (api.clone(), out_tx.clone(), ns.clone());
+                        let (api, out, ns, worker) =
+                            (api.clone(), out_tx.clone(), ns.clone(), open.worker_id.clone());
                         tokio::spawn(async move {
-                            if let Ok(heartbeats) = api.heartbeats(&ns, m.heartbeats).await {
+                            if let Ok(heartbeats) = api.heartbeats(&ns, &worker, m.heartbeats).await
+                            {
                                 let _ = out
                                     .send(Ok(WorkResponse {
                                         heartbeats,
@@ -564,10 +584,19 @@ impl WorkerService for Api {
         let r = req.into_inner();
         let ns = or_default(&r.namespace);
         let now = self.node.scheduler().clock().now().as_millis();
+        let beat = Beat {
+            namespace: ns,
+            execution_id: r.execution_id,
+            token: r.fencing_token,
+            worker_id: (!r.worker_id.is_empty()).then_some(r.worker_id),
+        };
         let h = self
             .node
-            .heartbeat(&ns, &r.execution_id, r.fencing_token)
+            .heartbeat_many(vec![beat])
             .await
+            .map_err(|e| status(&e))?
+            .pop()
+            .unwrap_or_else(|| Err(ops::Error::Corrupt("heartbeat result missing".into())))
             .map_err(|e| status(&e))?;
         ok(HeartbeatResponse {
             lease_expires_at_ms: h.lease_expires_at_ms,
@@ -578,17 +607,17 @@ impl WorkerService for Api {
 
     async fn complete(&self, req: Request<CompleteRequest>) -> Reply<ResultResponse> {
         let r = req.into_inner();
-        let e = self
-            .node
-            .complete(
-                &or_default(&r.namespace),
-                &r.execution_id,
-                r.fencing_token,
-                r.output_json.into_bytes(),
-                r.output_reference,
-            )
-            .await
-            .map_err(|e| status(&e))?;
+        let report = Report {
+            namespace: or_default(&r.namespace),
+            execution_id: r.execution_id,
+            token: r.fencing_token,
+            outcome: Outcome::Success {
+                output_json: r.output_json.into_bytes(),
+                output_reference: r.output_reference,
+            },
+            worker_id: (!r.worker_id.is_empty()).then_some(r.worker_id),
+        };
+        let e = self.node.report_one(report).await.map_err(|e| status(&e))?;
         ok(ResultResponse { status: e.status })
     }
 
@@ -606,17 +635,20 @@ impl WorkerService for Api {
                 code: e.code,
             },
         );
-        let e = self
-            .node
-            .fail(&or_default(&r.namespace), &r.execution_id, r.fencing_token, error)
-            .await
-            .map_err(|e| status(&e))?;
+        let report = Report {
+            namespace: or_default(&r.namespace),
+            execution_id: r.execution_id,
+            token: r.fencing_token,
+            outcome: Outcome::Failure(error),
+            worker_id: (!r.worker_id.is_empty()).then_some(r.worker_id),
+        };
+        let e = self.node.report_one(report).await.map_err(|e| status(&e))?;
         ok(ResultResponse { status: e.status })
     }
 
     async fn report(&self, req: Request<ReportRequest>) -> Reply<ReportResponse> {
         let r = req.into_inner();
-        let acks = Api::report(self, &or_default(&r.namespace), r.results).await?;
+        let acks = Api::report(self, &or_default(&r.namespace), &r.worker_id, r.results).await?;
         ok(ReportResponse { acks })
     }
 }

@@ -37,7 +37,9 @@ impl Claimed {
 /// One waiting worker's share of a `claim_many`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimSlot {
-    /// The worker.
+    /// The worker; empty for a node's dispatch buffer: the attempts are then *unassigned*
+    /// until a worker's heartbeat or result names it, and an unassigned attempt whose lease
+    /// runs out is released (READY again, not counted) instead of timed out.
     pub worker_id: String,
     /// Most executions for it.
     pub max: usize,
@@ -85,7 +87,9 @@ impl Scheduler {
         check_name("namespace", ns)?;
         check_name("queue", queue)?;
         for s in slots {
-            check_name("workerId", &s.worker_id)?;
+            if !s.worker_id.is_empty() {
+                check_name("workerId", &s.worker_id)?;
+            }
             if s.max == 0 || s.max > CLAIM_BATCH_MAX {
                 return Err(invalid(
                     "maxExecutions",

@@ -18,7 +18,7 @@ use super::error::{Error, Result};
 use super::leases::check_epoch;
 use super::limits::{FIRE_BATCH_MAX, FIRE_BUCKETS_PER_CALL_MAX};
 use super::records::{decode, encode, load_execution, require_execution, watermark};
-use super::worker::{attempt_deadline_ms, attempt_timeout_at_ms};
+use super::worker::{RELEASES_UNCOUNTED_MAX, attempt_deadline_ms, attempt_timeout_at_ms};
 use crate::ids::bucket_of;
 use crate::keys::{Space, TimerKey};
 use crate::kv::{KeyValue, Transaction};
@@ -395,6 +395,12 @@ impl Scheduler {
             return Ok(false);
         }
         let by_timeout = attempt_timeout_at_ms(e).is_some_and(|t| now_ms >= t);
+        if e.worker_id.is_empty() && !by_timeout && e.attempts_released < RELEASES_UNCOUNTED_MAX {
+            // Claimed by a node's dispatch buffer and never confirmed by a worker (the node
+            // died holding it): it never ran as far as anyone knows — release it, uncounted.
+            self.release_unassigned(tx, e, now_ms)?;
+            return Ok(false);
+        }
         let error = ExecutionError {
             message: if by_timeout {
                 format!(

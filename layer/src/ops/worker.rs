@@ -51,6 +51,9 @@ pub struct Report {
     pub token: u64,
     /// How it ended.
     pub outcome: Outcome,
+    /// The reporting worker (names the attempt's worker if a node's dispatch buffer claimed it
+    /// unassigned); `None` keeps what the attempt has.
+    pub worker_id: Option<String>,
 }
 
 /// A successful attempt's result (the single-item form of [`Report`]).
@@ -78,9 +81,14 @@ impl From<Completion> for Report {
                 output_json: c.output_json,
                 output_reference: c.output_reference,
             },
+            worker_id: None,
         }
     }
 }
+
+/// Releases that do not count against the retry budget, per execution (after that a release
+/// counts): bounds the re-runs of a task that kills its worker before the worker reports.
+pub const RELEASES_UNCOUNTED_MAX: u32 = 10;
 
 /// Most results one `report_many` takes.
 pub const REPORT_BATCH_MAX: usize = 1_000;
@@ -130,6 +138,8 @@ pub struct Beat {
     pub execution_id: String,
     /// The attempt's fencing token.
     pub token: u64,
+    /// The beating worker (names the attempt's worker if it was claimed unassigned).
+    pub worker_id: Option<String>,
 }
 
 /// The end of an attempt's deadline: its lease, or the attempt timeout if sooner.
@@ -318,9 +328,30 @@ impl Scheduler {
         Ok(())
     }
 
+    /// An unassigned attempt (claimed by a dispatch buffer, never confirmed by a worker) whose
+    /// lease ran out: given back, READY again, not counted — or CANCELLED if asked.
+    pub(crate) fn release_unassigned(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        now_ms: i64,
+    ) -> Result<()> {
+        self.end_attempt(tx, e, AttemptEvent::Abandon, None, now_ms)?;
+        if e.cancel_requested {
+            e.status = execution_transition(e.status(), ExecutionEvent::Cancel)? as i32;
+            e.finished_at_ms = now_ms;
+        } else {
+            e.status = execution_transition(e.status(), ExecutionEvent::Release)? as i32;
+            e.attempts_released += 1;
+            self.enqueue_ready(tx, e, now_ms)?;
+        }
+        e.lease_expires_at_ms = 0;
+        Ok(())
+    }
+
     /// Extends the current attempt's lease. Fenced: a stale token changes nothing.
     pub async fn heartbeat(&self, ns: &str, id: &str, token: u64) -> Result<HeartbeatOutcome> {
-        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token };
+        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token, worker_id: None };
         self.heartbeat_many(vec![beat])
             .await?
             .pop()
@@ -346,7 +377,7 @@ impl Scheduler {
                         None => {
                             Err(Error::NotFound { what: "execution", id: b.execution_id.clone() })
                         }
-                        Some(mut e) => self.beat(&tx, &mut e, b.token, now_ms),
+                        Some(mut e) => self.beat(&tx, &mut e, b, now_ms),
                     });
                 }
                 Ok(out)
@@ -358,14 +389,19 @@ impl Scheduler {
         &self,
         tx: &Transaction,
         e: &mut Execution,
-        token: u64,
+        b: &Beat,
         now_ms: i64,
     ) -> Result<HeartbeatOutcome> {
-        fence(e, token)?;
+        fence(e, b.token)?;
         let old_expiry = e.lease_expires_at_ms;
         e.lease_expires_at_ms = now_ms.saturating_add(e.lease_ms as i64);
         e.lease_expires_at_ms = attempt_deadline_ms(e).max(old_expiry);
-        if e.lease_expires_at_ms != old_expiry {
+        let assign = e.worker_id.is_empty() && b.worker_id.as_ref().is_some_and(|w| !w.is_empty());
+        if assign {
+            // The worker now running an attempt a dispatch buffer claimed unassigned.
+            e.worker_id = b.worker_id.clone().unwrap_or_default();
+        }
+        if e.lease_expires_at_ms != old_expiry || assign {
             // Otherwise nothing to extend (a repeat within the same millisecond, or the attempt
             // timeout caps the lease): write nothing.
             e.updated_at_ms = now_ms;
@@ -416,6 +452,7 @@ impl Scheduler {
             execution_id: id.into(),
             token,
             outcome: Outcome::Failure(error),
+            worker_id: None,
         };
         self.report_one(r).await
     }
@@ -428,6 +465,7 @@ impl Scheduler {
             execution_id: id.into(),
             token,
             outcome: Outcome::Release,
+            worker_id: None,
         };
         self.report_one(r).await
     }
@@ -533,6 +571,11 @@ impl Scheduler {
         }
         fence(e, r.token)?;
         let before = e.status;
+        if let Some(w) = r.worker_id.as_ref().filter(|w| !w.is_empty())
+            && e.worker_id.is_empty()
+        {
+            e.worker_id = w.clone(); // the worker that ran an unassigned attempt
+        }
         match &r.outcome {
             Outcome::Success { output_json, output_reference } => {
                 self.end_attempt(tx, e, AttemptEvent::Succeed, None, now_ms)?;

@@ -323,23 +323,30 @@ pub fn router(node: Node) -> Router {
         .with_state(node)
 }
 
+/// The listener with `TCP_NODELAY` set on every accepted connection: without it a response's
+/// last segment waits for the client's delayed ACK (~40 ms).
+pub fn with_nodelay(
+    listener: tokio::net::TcpListener,
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    use axum::serve::ListenerExt;
+    fn nodelay(tcp: &mut tokio::net::TcpStream) {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
+    }
+    listener.tap_io(nodelay as fn(&mut tokio::net::TcpStream))
+}
+
 /// Binds `addr` and serves until `shutdown` completes. Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     node: Node,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = router(node);
-    // TCP_NODELAY on every accepted connection: without it a response's last segment waits
-    // for the client's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
+    let listener = with_nodelay(listener);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
             tracing::error!(error = %e, "HTTP server failed");

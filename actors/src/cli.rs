@@ -21,7 +21,8 @@ use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::Database;
 
-const USAGE: &str = "usage: kairos worker --queue QUEUE [--endpoint URL] [--namespace NS] [--concurrency N] [--worker-id ID]
+const USAGE: &str = "usage: kairos --version
+       kairos worker --queue QUEUE [--endpoint URL] [--namespace NS] [--concurrency N] [--worker-id ID]
        kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
 [--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER]";
 
@@ -43,6 +44,10 @@ pub fn main() -> anyhow::Result<()> {
         }
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
+            return Ok(());
+        }
+        "-V" | "--version" | "version" => {
+            println!("kairos {}", crate::VERSION);
             return Ok(());
         }
         other => bail!("unknown command `{other}`\n{USAGE}"),

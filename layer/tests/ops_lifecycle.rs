@@ -399,3 +399,122 @@ async fn an_unassigned_claim_is_released_uncounted_when_no_worker_confirmed_it()
     assert_eq!(attempts[0].status(), AttemptStatus::Abandoned);
     w.check_invariants().await;
 }
+
+#[tokio::test]
+async fn a_poison_timer_is_quarantined_and_the_shard_goes_on() {
+    use kairos_layer::keys::TimerKey;
+    let w = world(23, FaultConfig::none()).await;
+    let ids: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..8 {
+            v.push(w.sched.submit(request(None, T0)).await.unwrap().execution.id);
+        }
+        v
+    };
+    // Corrupt one execution's timer value, and plant an undecodable timer in another shard.
+    let victim = w.sched.get(NS, &ids[0]).await.unwrap();
+    let t = victim.timer.unwrap();
+    let key = w.ks.timer(&TimerKey {
+        bucket: t.bucket,
+        shard: victim.shard,
+        fire_at_ms: t.fire_at_ms,
+        execution_id: victim.id.clone(),
+        kind: t.kind,
+    });
+    let garbage = w.ks.timer(&TimerKey {
+        bucket: t.bucket,
+        shard: (victim.shard + 1) % SHARDS,
+        fire_at_ms: t.fire_at_ms,
+        execution_id: "no-such-execution".into(),
+        kind: 9,
+    });
+    w.db.run(|tx| {
+        let (key, garbage) = (key.clone(), garbage.clone());
+        async move {
+            tx.set(&key, b"\xff\xff\xff not a protobuf")?;
+            tx.set(&garbage, b"")?;
+            Ok::<_, kairos_layer::kv::Error>(())
+        }
+    })
+    .await
+    .unwrap();
+    let mut fired = 0;
+    let mut quarantined = 0;
+    for shard in 0..SHARDS {
+        let out = w.sched.fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, None).await;
+        let out = out.expect("one poison record does not fail the batch");
+        fired += out.fired.len();
+        quarantined += out.quarantined;
+    }
+    assert_eq!(fired, 7, "every other execution fired");
+    assert_eq!(quarantined, 1, "the corrupt value is put aside");
+    let q = w.sched.quarantined(10).await.unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].execution_id, victim.id);
+    assert!(q[0].reason.contains("timer record"), "{}", q[0].reason);
+    // The planted timer (unknown execution) is stale, not poison: it is cleared silently.
+    let dump = w.dump().await;
+    assert!(!dump.contains_key(&key) && !dump.contains_key(&garbage), "both keys are gone");
+    // Firing again changes nothing more and fails nothing.
+    for shard in 0..SHARDS {
+        w.sched.fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, None).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_timeout_is_reported_as_such_not_as_a_lost_lease() {
+    let w = world(24, FaultConfig::none()).await;
+    let mut def = report_definition();
+    def.version = 2;
+    def.attempt_timeout_ms = 5_000; // shorter than the 30 s lease
+    w.sched.register_definition(NS, def).await.unwrap();
+    let mut req = request(None, T0);
+    req.definition_version = 2;
+    let id = w.sched.submit(req).await.unwrap().execution.id;
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    w.advance_ms(5_001);
+    w.fire_all().await;
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::RetryWait);
+    assert_eq!(e.error.as_ref().unwrap().code, "attempt_timeout", "{:?}", e.error);
+    // And a lease lost without heartbeats says so.
+    w.advance_ms((e.timer.unwrap().fire_at_ms - w.now_ms()).max(0) as u64);
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    let mut def = report_definition();
+    def.version = 3;
+    w.sched.register_definition(NS, def).await.unwrap();
+    let mut req = request(None, w.now_ms());
+    req.definition_version = 3;
+    let id2 = w.sched.submit(req).await.unwrap().execution.id;
+    w.fire_all().await;
+    w.sched.claim(NS, "report", "w", 5, None).await.unwrap();
+    w.advance_ms(31_000);
+    w.fire_all().await;
+    let e2 = w.sched.get(NS, &id2).await.unwrap();
+    assert_eq!(e2.error.as_ref().unwrap().code, "lease_expired", "{:?}", e2.error);
+}
+
+#[tokio::test]
+async fn claim_receipts_of_workers_that_never_return_are_cleared() {
+    use kairos_layer::keys::Tag;
+    let w = world(25, FaultConfig::none()).await;
+    for i in 0..3 {
+        w.sched.submit(request(Some(&format!("r{i}")), T0)).await.unwrap();
+    }
+    w.fire_all().await;
+    // Three different workers claim once each and never come back.
+    for worker in ["gone-1", "gone-2", "gone-3"] {
+        w.sched.claim(NS, "report", worker, 1, None).await.unwrap();
+    }
+    let receipts = |dump: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>| {
+        let r = w.ks.subspace_range(Tag::ClaimReceipt);
+        dump.range(r.begin..r.end).count()
+    };
+    assert_eq!(receipts(&w.dump().await), 3);
+    // A minute later any claim, by anyone, clears them.
+    w.advance_ms(61_000);
+    w.sched.claim(NS, "report", "someone-else", 1, None).await.unwrap();
+    assert_eq!(receipts(&w.dump().await), 1, "only the new claim's own receipt is left");
+}

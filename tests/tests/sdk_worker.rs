@@ -157,3 +157,48 @@ async fn a_stale_attempt_is_fenced_out() {
     let (e, _) = client.get(&id).await.unwrap();
     assert_ne!(e.status(), ExecutionStatus::Succeeded, "the stale result changed nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_by_idempotency_key_and_due_now_by_the_nodes_clock() {
+    use kairos_proto::v1::execution_service_client::ExecutionServiceClient;
+    use kairos_proto::v1::{GetExecutionRequest, SubmitRequest};
+    let (_node, client, addr) = node_and_client().await;
+    // No when: refused, naming the field.
+    let mut raw = ExecutionServiceClient::connect(format!("http://{addr}")).await.unwrap();
+    let bad = SubmitRequest {
+        namespace: "default".into(),
+        definition_uri: "registry://jobs/slow".into(),
+        definition_version: 1,
+        inputs_json: "{}".into(),
+        when: None,
+        idempotency_key: String::new(),
+        return_execution: false,
+    };
+    let e = raw.submit(bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().starts_with("executeAt:"), "{e}");
+    // Due now by the node's clock; the reply is lean unless asked.
+    let s = client
+        .submit("registry://jobs/slow", 1)
+        .idempotency_key("lost-reply")
+        .send()
+        .await
+        .unwrap();
+    assert!(s.created && !s.execution_id.is_empty());
+    let again = client
+        .submit("registry://jobs/slow", 1)
+        .idempotency_key("lost-reply")
+        .send()
+        .await
+        .unwrap();
+    assert!(!again.created, "the same key and delay is the same request");
+    assert_eq!(again.execution_id, s.execution_id);
+    let (e, _) = client.get_by_idempotency_key("lost-reply").await.unwrap();
+    assert_eq!(e.execution_id, s.execution_id);
+    let missing = client.get_by_idempotency_key("never-used").await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let neither = GetExecutionRequest { namespace: "default".into(), ..Default::default() };
+    let e = raw.get(neither).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().starts_with("executionId:"), "{e}");
+}

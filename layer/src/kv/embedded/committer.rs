@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 
 use bytes::Bytes;
-use redb::ReadableTable;
+use redb::{ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
 use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
@@ -38,6 +38,10 @@ struct TableTarget<'a, 't> {
     table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
 }
 
+/// The committer has no logger: a failed re-check leaves the watches as they are (they fire on
+/// the next change of their keys).
+fn tracing_free_warn(_: &Error) {}
+
 fn storage(e: impl std::fmt::Display) -> Error {
     Error::Storage(format!("write: {e}"))
 }
@@ -59,6 +63,19 @@ impl ApplyTarget for TableTarget<'_, '_> {
 }
 
 impl Committer {
+    fn revalidate_watches(&self) {
+        let read = || -> Result<redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
+            let r = self.db.begin_read().map_err(storage)?;
+            r.open_table(DATA).map_err(storage)
+        };
+        match read() {
+            Ok(table) => self.watches.revalidate(|k| {
+                table.get(k).ok().flatten().map(|g| Bytes::copy_from_slice(g.value()))
+            }),
+            Err(e) => tracing_free_warn(&e),
+        }
+    }
+
     pub(crate) fn new(
         db: Arc<redb::Database>,
         clock: SharedClock,
@@ -87,13 +104,17 @@ impl Committer {
     fn commit_batch(&mut self, batch: Vec<Job>) {
         let mut accepted: Vec<(oneshot::Sender<Result<CommitInfo>>, CommitInfo)> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
+        let collected = self.watches.any();
         let outcome = (|| -> Result<()> {
-            let w = self.db.begin_write().map_err(storage)?;
+            let mut w = self.db.begin_write().map_err(storage)?;
+            // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
+            // over the whole file (redb then writes its allocator state with each commit).
+            w.set_quick_repair(true);
             {
                 let mut table = w.open_table(DATA).map_err(storage)?;
                 let mut meta = w.open_table(META).map_err(storage)?;
                 let now = self.clock.now();
-                let collect = self.watches.any();
+                let collect = collected;
                 // Versions above the published one are not durable yet, so no snapshot holds
                 // them: the floor stays at or below what snapshots can see.
                 let floor = self.active.floor(self.published.load(Ordering::Acquire));
@@ -125,14 +146,20 @@ impl Committer {
         })();
         match outcome {
             Ok(()) => {
-                self.published.store(self.resolver.version(), Ordering::Release);
+                self.published.store(self.resolver.version(), Ordering::SeqCst);
                 if !accepted.is_empty() {
                     self.stats.engine_commits.fetch_add(1, Ordering::Relaxed);
                     self.stats
                         .transactions_committed
                         .fetch_add(accepted.len() as u64, Ordering::Relaxed);
                 }
-                self.watches.notify(&changes);
+                if collected {
+                    self.watches.notify(&changes);
+                } else if self.watches.any() {
+                    // A watch registered while this batch ran, after the batch decided not to
+                    // collect its changes: check it against the values now durable.
+                    self.revalidate_watches();
+                }
                 for (reply, info) in accepted {
                     let _ = reply.send(Ok(info));
                 }

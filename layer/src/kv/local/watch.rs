@@ -37,28 +37,49 @@ pub(crate) struct Watches {
 impl Watches {
     /// Whether any watch is registered (commits skip change collection when not).
     pub(crate) fn any(&self) -> bool {
-        self.any.load(Ordering::Acquire)
+        self.any.load(Ordering::SeqCst)
     }
 
-    /// Registers a watch expecting `expected`; fires at once if `current` already differs.
+    /// Registers a watch expecting `expected`; fires at once if the current value, read by
+    /// `current` **under the watch lock**, already differs. Holding the lock across the read
+    /// and the insert closes the window where a commit published after the read notifies
+    /// before the watcher is in the map (a missed wake-up).
     pub(crate) fn register(
         &self,
         key: Vec<u8>,
         expected: Option<Bytes>,
-        current: Option<Bytes>,
+        current: impl FnOnce(&[u8]) -> Result<Option<Bytes>>,
         tx: WatchSender,
     ) {
         if self.closed.load(Ordering::Acquire) {
             let _ = tx.send(Err(Error::DatabaseClosed));
             return;
         }
-        if expected != current {
-            let _ = tx.send(Ok(()));
-            return;
-        }
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(key).or_default().push(Watcher { expected, tx });
-        self.any.store(true, Ordering::Release);
+        // Set before reading: a commit publishing after the read then collects its changes.
+        self.any.store(true, Ordering::SeqCst);
+        match current(&key) {
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+            Ok(current) if current != expected => {
+                let _ = tx.send(Ok(()));
+            }
+            Ok(_) => map.entry(key).or_default().push(Watcher { expected, tx }),
+        }
+        self.any.store(!map.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Re-checks every watch against the current values (after a commit that did not collect
+    /// its changes because no watch existed when it began).
+    pub(crate) fn revalidate(&self, current: impl Fn(&[u8]) -> Option<Bytes>) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, ws) in map.iter_mut() {
+            let now = current(key);
+            fire_differing(ws, now.as_ref());
+        }
+        map.retain(|_, ws| !ws.is_empty());
+        self.any.store(!map.is_empty(), Ordering::SeqCst);
     }
 
     /// Fires the watches whose key a commit changed to a different value.
@@ -126,5 +147,43 @@ fn fire_differing(ws: &mut Vec<Watcher>, new: Option<&Bytes>) {
         } else {
             i += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn val(v: u8) -> Option<Bytes> {
+        Some(Bytes::from(vec![v]))
+    }
+
+    /// The interleaving the backends guard against: a commit that began with no watch (so it
+    /// does not collect its changes) publishes a new value after a watch registered against the
+    /// old one. Its empty notify cannot fire the watch; the re-check after it must.
+    #[test]
+    fn a_commit_that_collected_nothing_is_caught_by_the_recheck() {
+        let w = Watches::default();
+        let collected = w.any();
+        assert!(!collected, "no watch yet: the commit will not collect its changes");
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        w.register(b"k".to_vec(), val(1), |_| Ok(val(1)), tx);
+        assert!(w.any());
+        // The commit publishes k = 2 and notifies what it collected: nothing.
+        w.notify(&[]);
+        assert!(rx.try_recv().is_err(), "an empty notify fires nothing");
+        // ... so it re-checks the watches against the committed values.
+        w.revalidate(|_| val(2));
+        assert!(matches!(rx.try_recv(), Ok(Ok(()))), "the re-check fires it");
+        assert!(!w.any());
+    }
+
+    #[test]
+    fn a_value_already_changed_at_registration_fires_at_once() {
+        let w = Watches::default();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        w.register(b"k".to_vec(), val(1), |_| Ok(val(2)), tx);
+        assert!(matches!(rx.try_recv(), Ok(Ok(()))));
+        assert!(!w.any());
     }
 }

@@ -115,16 +115,23 @@ impl Shared {
         let stamp = Versionstamp::new(version, 0);
         let mut writes = req.write_conflicts;
         writes.extend(stamped_write_ranges(&req.mutations, &stamp));
+        let collected = self.watches.any();
         let changes = {
             let mut target = MvccTarget { inner: &mut inner, version };
-            apply(&mut target, &req.mutations, &stamp, self.watches.any())?
+            apply(&mut target, &req.mutations, &stamp, collected)?
         };
         let floor = self.active.floor(version);
         inner.resolver.record(version, writes, self.clock.now(), floor);
         inner.gc(floor);
         self.published.store(version, std::sync::atomic::Ordering::Release);
         drop(inner);
-        self.watches.notify(&changes);
+        if collected {
+            self.watches.notify(&changes);
+        } else if self.watches.any() {
+            // A watch registered while this commit ran, after it decided not to collect its
+            // changes: check it against the values now committed.
+            self.watches.revalidate(|k| self.read().latest(k));
+        }
         if fires(&self.rng, self.faults.unknown_result_applied) {
             return Err(Error::CommitUnknownResult);
         }
@@ -243,8 +250,7 @@ impl Snapshot for MemSnapshot {
 
 impl Shared {
     fn register_watch(&self, key: Vec<u8>, expected: Option<Bytes>, tx: WatchSender) {
-        let current = self.read().latest(&key);
-        self.watches.register(key, expected, current, tx);
+        self.watches.register(key, expected, |k| Ok(self.read().latest(k)), tx);
     }
 }
 

@@ -12,7 +12,9 @@ use tokio::sync::oneshot;
 use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
-use crate::kv::local::mutation::{ApplyTarget, Change, apply, stamped_write_ranges};
+use crate::kv::local::mutation::{
+    ApplyTarget, Change, Mutation, apply_batch, stamped_write_ranges,
+};
 use crate::kv::local::resolver::Resolver;
 use crate::kv::local::watch::Watches;
 use crate::kv::local::{ActiveReads, CommitRequest};
@@ -118,6 +120,7 @@ impl Committer {
                 // Versions above the published one are not durable yet, so no snapshot holds
                 // them: the floor stays at or below what snapshots can see.
                 let floor = self.active.floor(self.published.load(Ordering::Acquire));
+                let mut resolved: Vec<(Vec<Mutation>, Versionstamp)> = Vec::new();
                 for job in batch {
                     let req = job.req;
                     if let Err(e) = self.resolver.check(req.read_version, &req.read_conflicts) {
@@ -129,12 +132,16 @@ impl Committer {
                     let stamp = Versionstamp::new(version, 0);
                     let mut writes = req.write_conflicts;
                     writes.extend(stamped_write_ranges(&req.mutations, &stamp));
-                    let mut target = TableTarget { table: &mut table };
-                    changes.extend(apply(&mut target, &req.mutations, &stamp, collect)?);
                     self.resolver.record(version, writes, now, floor);
+                    resolved.push((req.mutations, stamp));
                     let info = CommitInfo { version: Some(version), versionstamp: Some(stamp) };
                     accepted.push((job.reply, info));
                 }
+                // The whole batch folded: one store write per distinct key, in key order.
+                let folded: Vec<(&[Mutation], Versionstamp)> =
+                    resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+                let mut target = TableTarget { table: &mut table };
+                changes.extend(apply_batch(&mut target, &folded, collect)?);
                 meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
             }
             if accepted.is_empty() {

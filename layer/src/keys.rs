@@ -7,7 +7,7 @@
 //! | tag | subspace | key (after the root) | value |
 //! |---|---|---|---|
 //! | 1 | cluster | `(1, "config")` | `ClusterConfig` (shard count, bucket width, ready partitions: fixed at creation) |
-//! | 2 | execution | `(2, ns, execution_id)` | `Execution` |
+//! | 2 | execution | `(2, ns, shard, execution_id)` | `Execution` (grouped by shard: a batch of one shard's timers updates neighbouring records) |
 //! | 3 | attempt | `(3, ns, execution_id, attempt_no)` | `Attempt` (written when the attempt ends; the running one lives on the execution) |
 //! | 4 | idempotency | `(4, ns, idempotency_key)` | `IdempotencyRecord` (execution id + request fingerprint) |
 //! | 5 | timer | `(5, bucket, shard, fire_at_ms, execution_id, kind)` | `TimerEntry` |
@@ -183,6 +183,10 @@ pub struct ReadyKey {
 #[derive(Debug, Clone)]
 pub struct Keyspace {
     root: Subspace,
+    /// Execution records are grouped by `fnv1a64(id) mod shards` (the execution's shard once
+    /// the cluster's shard count is set), so the records a shard owner's batch touches are
+    /// neighbours in the store.
+    shards: u32,
 }
 
 /// A key could not be decoded: data corruption or a foreign key in our range.
@@ -198,7 +202,14 @@ pub struct KeyError {
 impl Keyspace {
     /// The keyspace of cluster `cluster` (`"default"` for a single embedded node).
     pub fn new(cluster: &str) -> Self {
-        Keyspace { root: Subspace::all().subspace(&("kairos", cluster)) }
+        Keyspace { root: Subspace::all().subspace(&("kairos", cluster)), shards: 1 }
+    }
+
+    /// The same layout with execution records grouped by the cluster's `shard_count` (set
+    /// once the cluster's configuration is known; fixed for the life of the cluster).
+    pub fn with_shards(mut self, shard_count: u32) -> Self {
+        self.shards = shard_count.max(1);
+        self
     }
 
     fn key<T: TuplePack>(&self, tag: Tag, rest: T) -> Vec<u8> {
@@ -230,7 +241,8 @@ impl Keyspace {
 
     /// An execution record.
     pub fn execution(&self, ns: &str, id: &str) -> Vec<u8> {
-        self.key(Tag::Execution, (ns, id))
+        let group = crate::ids::shard_of(id, self.shards);
+        self.key(Tag::Execution, (ns, group, id))
     }
 
     /// An attempt record.

@@ -134,6 +134,7 @@ impl Scheduler {
                 config.format_version
             )));
         }
+        let ks = ks.with_shards(config.shard_count);
         Ok(Scheduler { db, ks, config, clock, rng })
     }
 

@@ -97,7 +97,7 @@ pub enum DispatcherMsg {
     /// Claimed executions without a worker.
     Orphans(Vec<Claimed>),
     /// A claim for the listed grants of a queue finished.
-    Claimed(QueueKey, Vec<Grant>, Result<Vec<Vec<Claimed>>, Error>),
+    Claimed(QueueKey, Vec<Grant>, Result<(Vec<Vec<Claimed>>, bool), Error>),
     /// A poll's wait ran out.
     Expire(u64),
     /// A poll that got work stops lingering.
@@ -108,8 +108,9 @@ pub enum DispatcherMsg {
     Finished(QueueKey, usize),
     /// Stop serving: answer waiting polls with no work, close worker streams.
     Drain(RpcReplyPort<()>),
-    /// A claim for a queue's dispatch buffer finished: (queue, asked, result).
-    Buffered(QueueKey, usize, Result<Vec<Claimed>, Error>),
+    /// A claim for a queue's dispatch buffer finished: the queue and the claimed executions
+    /// with whether the queue may hold more.
+    Buffered(QueueKey, Result<(Vec<Claimed>, bool), Error>),
     /// Release dispatch-buffer items that waited too long.
     AgeBuffers,
 }
@@ -145,7 +146,8 @@ struct Buffer {
 
 /// Most executions one queue's dispatch buffer holds.
 pub const DISPATCH_BUFFER_MAX: usize = 512;
-/// How often the buffers are checked for items waiting too long.
+/// How often the buffers are checked for items waiting too long (and queues with waiting
+/// credits look at their ready queues again).
 const BUFFER_AGE_CHECK: Duration = Duration::from_secs(1);
 
 /// The dispatcher actor.
@@ -254,8 +256,9 @@ impl DispatcherState {
         }
         let (sched, me, q) = (self.ctx.sched.clone(), myself.clone(), q.clone());
         tokio::spawn(async move {
-            let r = sched.claim_many(&q.0, &q.1, &slots).await.map(|v| v.concat());
-            let _ = me.send_message(DispatcherMsg::Buffered(q, want, r));
+            let r =
+                sched.claim_many_more(&q.0, &q.1, &slots).await.map(|(v, more)| (v.concat(), more));
+            let _ = me.send_message(DispatcherMsg::Buffered(q, r));
         });
     }
 
@@ -342,7 +345,7 @@ impl DispatcherState {
         self.claiming.insert(q.clone(), false);
         let (sched, me, q) = (self.ctx.sched.clone(), myself.clone(), q.clone());
         tokio::spawn(async move {
-            let r = sched.claim_many(&q.0, &q.1, &slots).await;
+            let r = sched.claim_many_more(&q.0, &q.1, &slots).await;
             let _ = me.send_message(DispatcherMsg::Claimed(q, grants, r));
         });
     }
@@ -684,15 +687,14 @@ impl Actor for Dispatcher {
                     s.claim_queue(&myself, &q);
                 }
             }
-            DispatcherMsg::Buffered(q, asked, result) => {
+            DispatcherMsg::Buffered(q, result) => {
                 let again = s.buffers.get_mut(&q).is_some_and(|b| {
                     b.refilling = false;
                     std::mem::take(&mut b.again)
                 });
                 match result {
-                    Ok(claimed) => {
-                        let n = claimed.len();
-                        if n < asked && !again {
+                    Ok((claimed, more)) => {
+                        if !more && !again {
                             s.maybe_ready.remove(&q); // the queue ran dry
                         }
                         if s.buffered(&q) && !s.draining {
@@ -750,7 +752,7 @@ impl Actor for Dispatcher {
             DispatcherMsg::Claimed(q, grants, result) => {
                 let again = s.claiming.remove(&q).unwrap_or(false);
                 match result {
-                    Ok(per_slot) => {
+                    Ok((per_slot, more)) => {
                         let ids = slot_ids(&grants);
                         let claimed: usize = per_slot.iter().map(Vec::len).sum();
                         // Unused grants go back (per slot: the tail of each slot's share).
@@ -770,7 +772,7 @@ impl Actor for Dispatcher {
                         s.ctx.matchmaker.give_back(&q, unused);
                         let orphans = s.deliver_granted(&myself, items);
                         s.orphans(&myself, orphans);
-                        if claimed < grants.len() && !again {
+                        if claimed < grants.len() && !more && !again {
                             // The queue ran dry: wait for a hint or the watch.
                             s.maybe_ready.remove(&q);
                         }

@@ -84,6 +84,18 @@ impl Scheduler {
         queue: &str,
         slots: &[ClaimSlot],
     ) -> Result<Vec<Vec<Claimed>>> {
+        Ok(self.claim_many_more(ns, queue, slots).await?.0)
+    }
+
+    /// [`claim_many`](Self::claim_many), also telling whether the queue may hold more READY
+    /// work than this claim took (a partition's head was read to its limit, or more was read
+    /// than taken): fewer executions than asked does not mean the queue is empty.
+    pub async fn claim_many_more(
+        &self,
+        ns: &str,
+        queue: &str,
+        slots: &[ClaimSlot],
+    ) -> Result<(Vec<Vec<Claimed>>, bool)> {
         check_name("namespace", ns)?;
         check_name("queue", queue)?;
         for s in slots {
@@ -115,12 +127,14 @@ impl Scheduler {
                 // before the executions it takes became READY.
                 let now_ms = self.clock.now().as_millis().max(now_ms);
                 if let Some(v) = tx.get(receipt).await? {
-                    return self.claimed_by_receipt(&tx, &v, slots.len()).await;
+                    let out = self.claimed_by_receipt(&tx, &v, slots.len()).await?;
+                    return Ok((out, true));
                 }
                 let expired = self.ks.claim_receipts_before(now_ms - RECEIPT_KEEP_MS);
                 tx.clear_range(&expired.begin, &expired.end)?;
-                let head = self.ready_heads(&tx, ns, queue, parts, start, total).await?;
+                let (head, full) = self.ready_heads(&tx, ns, queue, parts, start, total).await?;
                 let picked = self.pick(&head, total);
+                let more = full || picked.len() < head.len();
                 for kv in &picked {
                     tx.add_read_conflict_key(&kv.key)?;
                     tx.clear(&kv.key)?;
@@ -155,13 +169,14 @@ impl Scheduler {
                     out[slot].push(Claimed::of(e));
                 }
                 tx.set(receipt, &crate::tuple::pack(&(ns, &taken)))?;
-                Ok(out)
+                Ok((out, more))
             })
             .await
     }
 
     /// The heads of a queue's partitions (snapshot reads, issued concurrently), enough to pick
-    /// `want` entries from.
+    /// `want` entries from; `true` if a partition's head was read to its limit (it may hold
+    /// more).
     async fn ready_heads(
         &self,
         tx: &Transaction,
@@ -170,7 +185,7 @@ impl Scheduler {
         parts: u32,
         start: u32,
         want: usize,
-    ) -> Result<Vec<KeyValue>> {
+    ) -> Result<(Vec<KeyValue>, bool)> {
         // Twice the share of each partition, at least a few: random picks among a head a bit
         // larger than needed keep concurrent claimers apart.
         let per = (want * 2).div_ceil(parts as usize).clamp(8, CLAIM_SCAN_MAX);
@@ -180,7 +195,8 @@ impl Scheduler {
             async move { tx.get_range(&range, true).await }
         });
         let heads = futures_util::future::try_join_all(reads).await?;
-        Ok(heads.into_iter().flatten().collect())
+        let full = heads.iter().any(|h| h.len() >= per);
+        Ok((heads.into_iter().flatten().collect(), full))
     }
 
     /// A random subset of `head` of up to `n` entries, oldest first within the subset's

@@ -348,7 +348,12 @@ async fn run(args: Args) -> i32 {
         Ok(env) => env,
         Err((e, dir)) => {
             eprintln!("kairosctl bench: {e:#}");
-            eprintln!("kairosctl bench: node data and logs kept in {}", dir.path.display());
+            let empty = std::fs::read_dir(&dir.path).map_or(true, |mut d| d.next().is_none());
+            if empty {
+                dir.remove();
+            } else {
+                eprintln!("kairosctl bench: node data and logs kept in {}", dir.path.display());
+            }
             return 1;
         }
     };

@@ -206,12 +206,7 @@ impl Scheduler {
                     let mut grants = grants.into_iter();
                     for (mut e, t) in items {
                         let before = e.status;
-                        let event = if t.kind == TimerKind::Due as i32 {
-                            ExecutionEvent::Fire
-                        } else {
-                            ExecutionEvent::RetryDue
-                        };
-                        e.status = execution_transition(e.status(), event)? as i32;
+                        e.status = execution_transition(e.status(), fire_event(&t))? as i32;
                         e.updated_at_ms = now_ms;
                         match grants.next() {
                             Some(g) => {
@@ -398,7 +393,7 @@ impl Scheduler {
         if e.worker_id.is_empty() && !by_timeout && e.attempts_released < RELEASES_UNCOUNTED_MAX {
             // Claimed by a node's dispatch buffer and never confirmed by a worker (the node
             // died holding it): it never ran as far as anyone knows — release it, uncounted.
-            self.release_unassigned(tx, e, now_ms)?;
+            self.release_attempt(tx, e, now_ms)?;
             return Ok(false);
         }
         let error = ExecutionError {
@@ -449,12 +444,7 @@ impl Scheduler {
                     Step::Stale => Ok(None),
                     Step::Ready(mut e, t) => {
                         let before = e.status;
-                        let event = if t.kind == TimerKind::Due as i32 {
-                            ExecutionEvent::Fire
-                        } else {
-                            ExecutionEvent::RetryDue
-                        };
-                        e.status = execution_transition(e.status(), event)? as i32;
+                        e.status = execution_transition(e.status(), fire_event(&t))? as i32;
                         e.updated_at_ms = now_ms;
                         self.enqueue_ready(&tx, &mut e, now_ms)?;
                         self.save_execution(&tx, Some(before), &e)?;
@@ -544,6 +534,11 @@ impl Scheduler {
             })
             .await
     }
+}
+
+/// The event a DUE or RETRY timer applies.
+fn fire_event(t: &TimerKey) -> ExecutionEvent {
+    if t.kind == TimerKind::Due as i32 { ExecutionEvent::Fire } else { ExecutionEvent::RetryDue }
 }
 
 fn fired(e: &Execution, t: &TimerKey, matched: Option<(Claimed, Grant)>, timed_out: bool) -> Fired {

@@ -328,9 +328,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// An unassigned attempt (claimed by a dispatch buffer, never confirmed by a worker) whose
-    /// lease ran out: given back, READY again, not counted — or CANCELLED if asked.
-    pub(crate) fn release_unassigned(
+    /// Gives the running attempt back unstarted (its worker released it, or it was claimed
+    /// unassigned and its lease ran out): READY again, not counted — or CANCELLED if asked.
+    pub(crate) fn release_attempt(
         &self,
         tx: &Transaction,
         e: &mut Execution,
@@ -600,18 +600,7 @@ impl Scheduler {
                     wm,
                 )?;
             }
-            Outcome::Release => {
-                self.end_attempt(tx, e, AttemptEvent::Abandon, None, now_ms)?;
-                if e.cancel_requested {
-                    e.status = execution_transition(e.status(), ExecutionEvent::Cancel)? as i32;
-                    e.finished_at_ms = now_ms;
-                } else {
-                    e.status = execution_transition(e.status(), ExecutionEvent::Release)? as i32;
-                    e.attempts_released += 1;
-                    self.enqueue_ready(tx, e, now_ms)?;
-                }
-                e.lease_expires_at_ms = 0;
-            }
+            Outcome::Release => self.release_attempt(tx, e, now_ms)?,
         }
         e.updated_at_ms = now_ms;
         self.save_execution(tx, Some(before), e)?;

@@ -70,6 +70,8 @@ pub struct ExecutionView {
     #[serde(skip_serializing_if = "Option::is_none")]
     idempotency_key: Option<String>,
     attempt_count: u32,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    cancel_requested: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<Vec<AttemptView>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,6 +98,8 @@ pub fn execution(e: &Execution, attempts: Option<&[Attempt]>) -> ExecutionView {
         status: status_name(e.status().as_str_name()),
         idempotency_key: (!e.idempotency_key.is_empty()).then(|| e.idempotency_key.clone()),
         attempt_count: e.attempt_count,
+        cancel_requested: e.cancel_requested
+            && e.status != kairos_proto::storage::v1::ExecutionStatus::Cancelled as i32,
         attempts: attempts.map(|a| {
             a.iter()
                 .map(|a| AttemptView {

@@ -186,14 +186,13 @@ impl Env {
         for _ in 0..self.args.connections.max(1) {
             self.clients.push(Client::connect(&endpoint).await?);
         }
-        let (d, created) = self.clients[0]
+        let (d, _created) = self.clients[0]
             .register_definition(DEFINITION_YAML)
             .await
             .context("registering the bench definition bench-noop v1")?;
         if d.queue != workers::QUEUE {
             bail!("bench-noop v1 on this node has queue {:?}, not {:?}", d.queue, workers::QUEUE);
         }
-        let _ = created;
         Ok(())
     }
 

@@ -139,9 +139,12 @@ struct Session {
 #[derive(Default)]
 struct Buffer {
     items: std::collections::VecDeque<Claimed>,
-    refilling: bool,
+    refilling: usize,
     /// A ready hint came while a refill was in flight.
     again: bool,
+    /// The buffer's slot in the matchmaker: fire transactions start executions for it
+    /// (unassigned) when no worker waits, so they skip the ready queue.
+    slot: Option<u64>,
 }
 
 /// Most executions one queue's dispatch buffer holds.
@@ -223,6 +226,7 @@ impl DispatcherState {
         let mut orphans = self.deliver_granted(myself, items);
         orphans.extend(stale);
         self.release(orphans);
+        self.sync_buffer_slot(q);
     }
 
     /// Claims ahead for `q`'s buffer when it runs below half its target and the queue may
@@ -233,7 +237,7 @@ impl DispatcherState {
         }
         let target = self.buffer_target(q);
         let b = self.buffers.entry(q.clone()).or_default();
-        if b.refilling {
+        if b.refilling > 0 {
             b.again = true;
             return;
         }
@@ -244,7 +248,7 @@ impl DispatcherState {
         if want == 0 {
             return;
         }
-        b.refilling = true;
+        b.refilling = want;
         b.again = false;
         let mut slots = Vec::new();
         let mut left = want;
@@ -254,12 +258,44 @@ impl DispatcherState {
             slots.push(ClaimSlot { worker_id: String::new(), max: n, lease_ms: None });
             left -= n;
         }
-        let (sched, me, q) = (self.ctx.sched.clone(), myself.clone(), q.clone());
+        let (sched, me, qq) = (self.ctx.sched.clone(), myself.clone(), q.clone());
         tokio::spawn(async move {
-            let r =
-                sched.claim_many_more(&q.0, &q.1, &slots).await.map(|(v, more)| (v.concat(), more));
-            let _ = me.send_message(DispatcherMsg::Buffered(q, r));
+            let r = sched
+                .claim_many_more(&qq.0, &qq.1, &slots)
+                .await
+                .map(|(v, more)| (v.concat(), more));
+            let _ = me.send_message(DispatcherMsg::Buffered(qq, r));
         });
+        self.sync_buffer_slot(q);
+    }
+
+    /// Sets the room fire transactions may fill in `q`'s buffer: its target less what it holds,
+    /// what a refill is claiming, and what fires already reserved.
+    fn sync_buffer_slot(&mut self, q: &QueueKey) {
+        if !self.buffered(q) || self.draining {
+            return;
+        }
+        let target = self.buffer_target(q);
+        let next = &mut self.next_id;
+        let b = self.buffers.entry(q.clone()).or_default();
+        let slot = *b.slot.get_or_insert_with(|| {
+            *next += 1;
+            *next
+        });
+        let pending = self.ctx.matchmaker.pending(q, slot);
+        let room = target.saturating_sub(b.items.len() + b.refilling + pending);
+        self.ctx.matchmaker.set_buffer_room(q, slot, room);
+    }
+
+    /// Drops `q`'s buffer (no stream left, or draining): its slot leaves the matchmaker and
+    /// its executions are given back.
+    fn drop_buffer(&mut self, q: &QueueKey) {
+        if let Some(b) = self.buffers.remove(q) {
+            if let Some(slot) = b.slot {
+                self.ctx.matchmaker.remove(q, slot);
+            }
+            self.release(b.items.into());
+        }
     }
 
     /// Gives claimed executions back: READY again at once, the attempts not counted.
@@ -669,11 +705,9 @@ impl Actor for Dispatcher {
             DispatcherMsg::Close(id) => {
                 if let Some(session) = s.sessions.remove(&id) {
                     s.ctx.matchmaker.remove(&session.queue, id);
-                    if !s.buffered(&session.queue)
-                        && let Some(b) = s.buffers.remove(&session.queue)
-                    {
+                    if !s.buffered(&session.queue) {
                         // No stream left on this node: let other nodes' workers have them.
-                        s.release(b.items.into());
+                        s.drop_buffer(&session.queue);
                     }
                 }
             }
@@ -689,7 +723,7 @@ impl Actor for Dispatcher {
             }
             DispatcherMsg::Buffered(q, result) => {
                 let again = s.buffers.get_mut(&q).is_some_and(|b| {
-                    b.refilling = false;
+                    b.refilling = 0;
                     std::mem::take(&mut b.again)
                 });
                 match result {
@@ -703,6 +737,7 @@ impl Actor for Dispatcher {
                         } else {
                             s.release(claimed);
                         }
+                        s.sync_buffer_slot(&q);
                         if s.has_demand(&q) {
                             s.demand(&myself, &q);
                         }
@@ -827,9 +862,10 @@ impl Actor for Dispatcher {
                 for (id, session) in std::mem::take(&mut s.sessions) {
                     s.ctx.matchmaker.remove(&session.queue, id);
                 }
-                let buffered: Vec<Claimed> =
-                    std::mem::take(&mut s.buffers).into_values().flat_map(|b| b.items).collect();
-                s.release(buffered);
+                let queues: Vec<QueueKey> = s.buffers.keys().cloned().collect();
+                for q in queues {
+                    s.drop_buffer(&q);
+                }
                 let _ = reply.send(());
             }
         }

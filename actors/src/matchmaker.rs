@@ -19,6 +19,9 @@ struct Slot {
     credits: usize,
     /// Grants taken and not yet used or given back.
     pending: usize,
+    /// A queue's dispatch buffer, not a worker: fire transactions may fill it (after the
+    /// waiting workers), the dispatcher never serves it from itself.
+    buffer: bool,
 }
 
 #[derive(Debug, Default)]
@@ -81,8 +84,24 @@ impl Matchmaker {
             lease_ms,
             credits: 0,
             pending: 0,
+            buffer: false,
         });
         s.credits = s.credits.saturating_add(credits);
+    }
+
+    /// Sets the room of `q`'s dispatch buffer slot (created unassigned on first use): fire
+    /// transactions may start up to that many executions for the buffer.
+    pub fn set_buffer_room(&self, q: &QueueKey, slot: u64, room: usize) {
+        let mut m = self.lock();
+        let queue = self.queue(&mut m, q);
+        let s = queue.slots.entry(slot).or_insert_with(|| Slot {
+            worker_id: String::new(),
+            lease_ms: None,
+            credits: 0,
+            pending: 0,
+            buffer: true,
+        });
+        s.credits = room;
     }
 
     /// Adds credits to an existing slot (a worker stream freed slots); none if it is gone.
@@ -121,8 +140,22 @@ impl Matchmaker {
             .collect()
     }
 
-    /// Takes up to `n` credits of `q`, round robin over its slots, one grant per execution.
+    /// Takes up to `n` credits of `q`'s waiting workers, round robin over them, one grant per
+    /// execution.
     pub fn take(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
+        self.take_of(q, n, false)
+    }
+
+    /// Takes credits of waiting workers first, then of the queue's dispatch buffer.
+    fn take_for_fire(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
+        let mut g = self.take_of(q, n, false);
+        if g.len() < n {
+            g.extend(self.take_of(q, n - g.len(), true));
+        }
+        g
+    }
+
+    fn take_of(&self, q: &QueueKey, n: usize, buffer: bool) -> Vec<Grant> {
         let mut m = self.lock();
         let Some(queue) = m.get_mut(q) else { return Vec::new() };
         let mut want = n.min(queue.room());
@@ -130,7 +163,11 @@ impl Matchmaker {
         if want == 0 || queue.slots.is_empty() {
             return grants;
         }
-        let ids: Vec<u64> = queue.slots.keys().copied().collect();
+        let ids: Vec<u64> =
+            queue.slots.iter().filter(|(_, s)| s.buffer == buffer).map(|(id, _)| *id).collect();
+        if ids.is_empty() {
+            return grants;
+        }
         let start = ids.iter().position(|id| *id >= queue.cursor).unwrap_or(0);
         // Deal one credit per slot per pass, so one slot does not take a whole batch while
         // others wait.
@@ -214,7 +251,7 @@ impl Matchmaker {
 
 impl Matcher for Matchmaker {
     fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant> {
-        self.take(&(ns.to_string(), queue.to_string()), n)
+        self.take_for_fire(&(ns.to_string(), queue.to_string()), n)
     }
 
     fn cancel(&self, ns: &str, queue: &str, grants: Vec<Grant>) {

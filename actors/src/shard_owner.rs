@@ -58,7 +58,14 @@ pub struct OwnerState {
     wake_at: Option<i64>,
     supervisors: BTreeMap<String, ActorRef<ExecMsg>>,
     by_actor: BTreeMap<ractor::ActorId, String>,
+    /// Timers per fire transaction now: small after a quiet spell (the first execution of a
+    /// burst commits in a small, fast transaction), doubling while more is due, up to
+    /// `fire_batch`.
+    batch: usize,
 }
+
+/// Timers in the first fire transaction after a quiet spell.
+const FIRST_FIRE_BATCH: usize = 16;
 
 /// Records metrics for a processed timer. Shared by owners and supervisors; the callers route
 /// what it produced (ready work to the dispatcher, once per queue; next timers to supervisors).
@@ -108,8 +115,7 @@ impl OwnerState {
                 OwnerAction::Fire => {
                     let (sched, me) = (self.ctx.sched.clone(), myself.clone());
                     let matcher = self.ctx.matchmaker.clone();
-                    let (shard, epoch, batch) =
-                        (self.shard, self.epoch, self.ctx.config.fire_batch);
+                    let (shard, epoch, batch) = (self.shard, self.epoch, self.batch);
                     tokio::spawn(async move {
                         let r = sched.fire_due(shard, epoch, now, batch, Some(&*matcher)).await;
                         let _ = me.send_message(OwnerMsg::Fired(r, now));
@@ -180,6 +186,7 @@ impl Actor for ShardOwner {
         args: OwnerArgs,
     ) -> Result<OwnerState, ActorProcessingErr> {
         let c = &args.ctx.config;
+        let first_batch = FIRST_FIRE_BATCH.min(c.fire_batch);
         let now = args.ctx.now_ms();
         let window =
             Window::new(now, c.window_ms as i64, c.poll_interval_ms as i64, c.window_timers_max);
@@ -194,6 +201,7 @@ impl Actor for ShardOwner {
             wake_at: None,
             supervisors: BTreeMap::new(),
             by_actor: BTreeMap::new(),
+            batch: first_batch,
         };
         state.evaluate(&myself);
         Ok(state)
@@ -267,6 +275,11 @@ impl Actor for ShardOwner {
                         state.route(t);
                     }
                 }
+                state.batch = if out.more {
+                    (state.batch * 2).min(state.ctx.config.fire_batch)
+                } else {
+                    FIRST_FIRE_BATCH.min(state.ctx.config.fire_batch)
+                };
                 state.window.fired(at, out.more);
             }
             OwnerMsg::Fired(Err(Error::OwnershipLost { shard, epoch, current }), _) => {

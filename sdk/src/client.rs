@@ -173,7 +173,7 @@ impl Client {
                 inputs_json: "{}".into(),
                 when: Some(submit_request::When::DelayMs(0)),
                 idempotency_key: String::new(),
-                return_execution: true,
+                return_execution: false,
             },
         }
     }
@@ -367,6 +367,13 @@ impl SubmitBuilder {
         self.req.when = Some(submit_request::When::DelayMs(
             u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
         ));
+        self
+    }
+
+    /// Ask for the whole execution in the reply (by default it carries the id, status, whether
+    /// it was created, and `execute_at`).
+    pub fn return_execution(mut self, yes: bool) -> Self {
+        self.req.return_execution = yes;
         self
     }
 

@@ -177,7 +177,7 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
             let version: u32 = arg(&args, 2, "version")?
                 .parse()
                 .map_err(|_| Failure::Usage("version must be a number".into()))?;
-            let mut b = client.submit(&uri, version);
+            let mut b = client.submit(&uri, version).return_execution(o.json);
             if let Some(i) = inputs {
                 let v: Value = serde_json::from_str(&i)
                     .map_err(|e| Failure::Usage(format!("--inputs: malformed JSON: {e}")))?;

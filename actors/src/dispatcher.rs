@@ -405,6 +405,10 @@ impl DispatcherState {
                     watches.push(tx.watch(&sched.keyspace().ready_signal(&q.0, &q.1, p))?);
                 }
                 tx.commit().await?;
+                // Let go of the transaction before waiting: a live transaction pins its read
+                // snapshot (the store cannot reuse pages freed after it) and the resolver's
+                // history, for as long as the watch waits.
+                drop(tx);
                 futures_util::future::select_all(watches).await.0
             };
             tokio::select! {

@@ -1,8 +1,8 @@
 //! `claim`: waiting workers take READY executions of a queue. No hot key: a queue is split in
 //! `ready_partitions` partitions; a claim reads the heads of the partitions as snapshots
-//! (concurrently), picks entries at random among them, and puts an explicit read conflict on
-//! the picked keys only (the couch_jobs / QuiCK pattern), so concurrent claimers rarely
-//! collide and a collision only retries one of them.
+//! (concurrently), takes entries from them starting at a random partition, and puts an
+//! explicit read conflict on the taken keys only (the couch_jobs / QuiCK pattern), so
+//! concurrent claimers rarely collide and a collision only retries one of them.
 
 use std::collections::BTreeSet;
 
@@ -199,18 +199,13 @@ impl Scheduler {
         Ok((heads.into_iter().flatten().collect(), full))
     }
 
-    /// A random subset of `head` of up to `n` entries, oldest first within the subset's
-    /// partitions' order (partial Fisher-Yates).
+    /// Up to `n` entries of `head`, in order: each partition's oldest first, the partitions
+    /// from the random start this claim drew. Contiguous runs of a partition's head are
+    /// executions fired together, whose records are neighbours in the store (fewer pages to
+    /// rewrite); claimers on different nodes start at different partitions, and two that meet
+    /// on one conflict only on the keys both picked (one retries).
     fn pick(&self, head: &[KeyValue], n: usize) -> Vec<KeyValue> {
-        let mut order: Vec<usize> = (0..head.len()).collect();
-        let picks = n.min(order.len());
-        for i in 0..picks {
-            let j = i + self.rng.below((order.len() - i) as u64) as usize;
-            order.swap(i, j);
-        }
-        let mut chosen: Vec<usize> = order[..picks].to_vec();
-        chosen.sort_unstable(); // oldest first inside each partition's head
-        chosen.into_iter().map(|i| head[i].clone()).collect()
+        head.iter().take(n).cloned().collect()
     }
 
     async fn claimed_by_receipt(

@@ -17,6 +17,7 @@ use kairos_proto::v1::{CompleteRequest, HeartbeatRequest, PollRequest};
 use kairos_sdk::{Client, TaskError, Worker};
 use tokio::sync::watch;
 
+const HELD: &str = "name: held\nversion: 1\ntimeouts: {lease: 30s}\nexecution: {type: test}\n";
 const SLOW: &str = "name: slow\nversion: 1\ntimeouts: {lease: 1s}\nretry: {max_attempts: 3, base_delay: 100ms, max_delay: 200ms}\nexecution: {type: test}\n";
 
 async fn node_and_client() -> (Node, Client, std::net::SocketAddr) {
@@ -201,4 +202,58 @@ async fn lookup_by_idempotency_key_and_due_now_by_the_nodes_clock() {
     let e = raw.get(neither).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().starts_with("executionId:"), "{e}");
+}
+
+/// A worker holding a finished result when its node goes away keeps it and delivers it to the
+/// restarted node: the execution succeeds once, with no second attempt (issue: a worker used
+/// to drop a result after one transport error, and it ran again after its lease expired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_held_across_a_node_restart_is_delivered_not_rerun() {
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let db = MemoryDatabase::open(clock.clone(), Rng::seeded(7), FaultConfig::none());
+    let config = NodeConfig {
+        node_id: Some("restarting".into()),
+        backend: Backend::Memory,
+        shard_count: 4,
+        poll_interval_ms: 200,
+        ..NodeConfig::default()
+    };
+    let node =
+        Node::start(config.clone(), db.clone(), clock.clone(), Rng::seeded(8)).await.unwrap();
+    let (addr, server) = Api::new(node.clone())
+        .serve("127.0.0.1:0".parse().unwrap(), std::future::pending())
+        .await
+        .unwrap();
+    let client = Client::connect(&format!("http://{addr}")).await.unwrap();
+    // A lease long enough to outlast the outage: only the result's delivery is under test.
+    client.register_definition(HELD).await.unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let (stop, stopped) = watch::channel(false);
+    let worker = Worker::new(client.clone(), "held", "w-restart").handle("held", move |_task| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            Ok(serde_json::json!({"done": true}))
+        }
+    });
+    let run = tokio::spawn(worker.run(stopped));
+    let id = client.submit("registry://jobs/held", 1).send().await.unwrap().execution_id;
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The node dies while the handler runs: its result has nowhere to go for a while.
+    server.abort();
+    node.kill().await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let node = Node::start(config, db, clock, Rng::seeded(9)).await.unwrap();
+    let (_, _server) = Api::new(node.clone()).serve(addr, std::future::pending()).await.unwrap();
+    let client = Client::connect(&format!("http://{addr}")).await.unwrap();
+    let e = client.wait(&id, Duration::from_secs(20)).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Succeeded);
+    assert_eq!(e.attempt_count, 1, "the held result was delivered: no second attempt");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
 }

@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cron;
 pub mod definition;
 pub mod env;
 pub mod ids;

@@ -48,3 +48,39 @@ const _: () = assert!(
         + RECORD_FIXED_BYTES_MAX
         < crate::kv::limits::VALUE_BYTES_MAX
 );
+
+/// Longest cron expression, in bytes.
+pub const CRON_EXPRESSION_BYTES_MAX: usize = 256;
+/// Longest cron job notes, in bytes.
+pub const CRON_NOTES_BYTES_MAX: usize = 4 * 1024;
+/// Longest catch-up window for missed occurrences: 7 days, in milliseconds.
+pub const CRON_CATCH_UP_WINDOW_MAX_MS: i64 = 7 * 24 * 3600 * 1000;
+/// Largest jitter bound: 1 hour, in milliseconds.
+pub const CRON_JITTER_MAX_MS: i64 = 3600 * 1000;
+/// Longest lookahead (how early an occurrence is materialized): 1 hour, in milliseconds.
+pub const CRON_LOOKAHEAD_MAX_MS: u64 = 3600 * 1000;
+/// An occurrence counts as missed once its time is this far in the past when it is reached.
+pub const CRON_MISSED_AFTER_MS: i64 = 1_000;
+/// Most occurrences materialized by one round of one schedule (the rest follow at once).
+pub const CRON_MATERIALIZE_PER_ROUND_MAX: usize = 200;
+/// Most occurrences one round walks past (missed ones outside the window included).
+pub const CRON_SCAN_PER_ROUND_MAX: usize = 100_000;
+/// Most occurrences waiting for the previous execution (buffer-all) or queued by a backfill.
+pub const CRON_QUEUE_MAX: usize = 1_000;
+/// Most unfinished executions a schedule keeps track of (overlap, pause-on-failure).
+pub const CRON_OUTSTANDING_MAX: usize = 64;
+/// Most occurrences one backfill takes, and one preview returns.
+pub const CRON_OCCURRENCES_PER_CALL_MAX: usize = 1_000;
+/// How often a schedule waiting on an execution looks at it again, at first (milliseconds);
+/// the interval grows with the wait, up to [`CRON_CHECK_INTERVAL_MAX_MS`].
+pub const CRON_CHECK_INTERVAL_MIN_MS: i64 = 1_000;
+/// The longest interval between two looks at an execution a schedule waits on (milliseconds).
+pub const CRON_CHECK_INTERVAL_MAX_MS: i64 = 60_000;
+/// Most cron jobs a list page returns.
+pub const CRON_LIST_PAGE_MAX: usize = 1_000;
+/// Most cron timers one owner scan returns.
+pub const CRON_TIMERS_PER_SCAN_MAX: usize = 1_000;
+
+const _: () = assert!(CRON_MATERIALIZE_PER_ROUND_MAX <= CRON_QUEUE_MAX);
+const _: () = assert!(CRON_CHECK_INTERVAL_MIN_MS < CRON_CHECK_INTERVAL_MAX_MS);
+const _: () = assert!(CRON_CATCH_UP_WINDOW_MAX_MS < EXECUTE_AT_FUTURE_MAX_MS);

@@ -15,8 +15,8 @@
 //! | 7 | *retired* | shard lease with owner and expiry in one key (format 1) | |
 //! | 8 | watermark | `(8, shard)` | i64 bucket, big-endian: lowest bucket that may hold timers |
 //! | 9 | node | `(9, node_id)` | `Node` |
-//! | 10 | cron job | `(10, ns, cron_job_id)` | Cron Job (reserved for the cron service) |
-//! | 11 | cron timer | `(11, bucket, shard, fire_at_ms, cron_job_id)` | reserved for the cron service |
+//! | 10 | cron job | `(10, ns, cron_job_id)` | `CronJob` (its shard is `fnv1a64(cron_job_id) mod shard_count`) |
+//! | 11 | cron timer | `(11, bucket, shard, fire_at_ms, cron_job_id)` | `CronTimerEntry` (namespace): when the cron shard's owner looks at the job next |
 //! | 12 | definition | `(12, ns, name, version)` | `JobDefinition` |
 //! | 13 | by status | `(13, ns, status, execute_at_ms, execution_id)` | empty (index) |
 //! | 14 | by definition | `(14, ns, definition_name, execute_at_ms, execution_id)` | empty (index) |
@@ -29,6 +29,7 @@
 //! | 23 | claim receipt | `(23, claimed_at_ms, claim_id)` | namespace and the (execution id, fencing token, slot) triples of one claim, so a claim retried after an unknown commit result returns what it took; kept 60 s |
 //! | 24 | status count | `(24, ns, status, partition)` | i64 little-endian counter of executions in that status, kept by atomic adds |
 //! | 25 | quarantine | `(25, space, partition, at_ms, key)` | `QuarantineRecord`: a record that could not be processed, kept for operators |
+//! | 26 | cron watermark | `(26, shard)` | i64 big-endian: lowest bucket that may hold cron timers of the cron shard (written with the shard's first cron timer) |
 //!
 //! `partition` of the ready queue and the status counts is `shard mod ready_partitions`: no key
 //! or range is written by every node, while a claimer reads only a few heads. Leased
@@ -91,11 +92,13 @@ pub enum Tag {
     StatusCount = 24,
     /// Records quarantined as unprocessable.
     Quarantine = 25,
+    /// Per-cron-shard watermarks of the cron timer index.
+    CronWatermark = 26,
 }
 
 impl Tag {
     /// Every tag in use, in value order.
-    pub const ALL: [Tag; 20] = [
+    pub const ALL: [Tag; 21] = [
         Tag::Cluster,
         Tag::Execution,
         Tag::Attempt,
@@ -116,6 +119,7 @@ impl Tag {
         Tag::ClaimReceipt,
         Tag::StatusCount,
         Tag::Quarantine,
+        Tag::CronWatermark,
     ];
     /// Retired tag values: never to be used again.
     pub const RETIRED: [i64; 5] = [6, 7, 16, 17, 18];
@@ -162,6 +166,19 @@ pub struct TimerKey {
     pub execution_id: String,
     /// `TimerKind` as its protobuf number.
     pub kind: i32,
+}
+
+/// A decoded cron timer key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CronTimerKey {
+    /// Time bucket (possibly clamped up to the cron shard's watermark).
+    pub bucket: i64,
+    /// Cron shard.
+    pub shard: u32,
+    /// When the owner looks at the job.
+    pub fire_at_ms: i64,
+    /// The cron job.
+    pub cron_job_id: String,
 }
 
 /// A decoded ready-queue key.
@@ -395,6 +412,62 @@ impl Keyspace {
         self.subspace_range(Tag::Quarantine)
     }
 
+    /// A cron job.
+    pub fn cron_job(&self, ns: &str, id: &str) -> Vec<u8> {
+        self.key(Tag::CronJob, (ns, id))
+    }
+
+    /// Every cron job of a namespace, by id.
+    pub fn cron_jobs(&self, ns: &str) -> RangeOption {
+        self.prefix(Tag::CronJob, ns)
+    }
+
+    /// Decodes a cron job key into `(ns, cron_job_id)`.
+    pub fn parse_cron_job(&self, key: &[u8]) -> Result<(String, String), KeyError> {
+        self.unpack(Tag::CronJob, key)
+    }
+
+    /// A cron timer.
+    pub fn cron_timer(&self, t: &CronTimerKey) -> Vec<u8> {
+        self.key(Tag::CronTimer, (t.bucket, t.shard, t.fire_at_ms, t.cron_job_id.as_str()))
+    }
+
+    /// Cron timers of `(bucket, shard)` firing at or before `until_ms`.
+    pub fn cron_timers_until(&self, bucket: i64, shard: u32, until_ms: i64) -> RangeOption {
+        let all = self.prefix(Tag::CronTimer, (bucket, shard));
+        let end = self.key(Tag::CronTimer, (bucket, shard, until_ms.saturating_add(1)));
+        RangeOption::new(all.begin, end)
+    }
+
+    /// Decodes a cron timer key.
+    pub fn parse_cron_timer(&self, key: &[u8]) -> Result<CronTimerKey, KeyError> {
+        let (bucket, shard, fire_at_ms, cron_job_id) =
+            self.unpack::<(i64, u32, i64, String)>(Tag::CronTimer, key)?;
+        Ok(CronTimerKey { bucket, shard, fire_at_ms, cron_job_id })
+    }
+
+    /// A cron shard's watermark.
+    pub fn cron_watermark(&self, shard: u32) -> Vec<u8> {
+        self.key(Tag::CronWatermark, shard)
+    }
+
+    /// Idempotency keys of `ns` that start with `prefix` (which holds no NUL byte), in key
+    /// order: a tuple string is its bytes then a terminator, so every string extending
+    /// `prefix` encodes to the prefix's bytes followed by more.
+    pub fn idempotency_prefix(&self, ns: &str, prefix: &str) -> RangeOption {
+        debug_assert!(!prefix.contains('\0'), "a prefix with a NUL byte");
+        let mut begin = self.key(Tag::Idempotency, (ns, prefix));
+        begin.pop(); // the string's terminator
+        let mut end = begin.clone();
+        end.push(0xff);
+        RangeOption::new(begin, end)
+    }
+
+    /// Decodes an idempotency key into `(ns, key)`.
+    pub fn parse_idempotency(&self, key: &[u8]) -> Result<(String, String), KeyError> {
+        self.unpack(Tag::Idempotency, key)
+    }
+
     /// A shard's watermark.
     pub fn watermark(&self, shard: u32) -> Vec<u8> {
         self.key(Tag::Watermark, shard)
@@ -507,6 +580,7 @@ fn tag_name(tag: Tag) -> &'static str {
         Tag::ClaimReceipt => "claim receipt",
         Tag::StatusCount => "status count",
         Tag::Quarantine => "quarantine",
+        Tag::CronWatermark => "cron watermark",
     }
 }
 
@@ -557,6 +631,17 @@ mod tests {
             (Tag::ReadySignal, ks.ready_signal("ns", "q", 1)),
             (Tag::ClaimReceipt, ks.claim_receipt(5, 9)),
             (Tag::StatusCount, ks.status_count("ns", 3, 1)),
+            (Tag::CronJob, ks.cron_job("ns", "C")),
+            (
+                Tag::CronTimer,
+                ks.cron_timer(&CronTimerKey {
+                    bucket: 5,
+                    shard: 3,
+                    fire_at_ms: 300_000,
+                    cron_job_id: "C".into(),
+                }),
+            ),
+            (Tag::CronWatermark, ks.cron_watermark(3)),
         ];
         for (tag, key) in samples {
             let r = ks.subspace_range(tag);
@@ -642,5 +727,65 @@ mod tests {
         assert_eq!(ks.parse_partition(Tag::PartitionOwner, &owner).unwrap(), (Space::Cron, 7));
         let (_, status, partition) = ks.parse_status_count(&ks.status_count("ns", 5, 2)).unwrap();
         assert_eq!((status, partition), (5, 2));
+    }
+}
+
+#[cfg(test)]
+mod cron_key_tests {
+    use super::*;
+    use crate::env::Rng;
+
+    #[test]
+    fn cron_timer_keys_are_bijective_and_order_preserving() {
+        let ks = Keyspace::new("test");
+        let rng = Rng::seeded(12);
+        let mut keys: Vec<CronTimerKey> = (0..2_000)
+            .map(|_| CronTimerKey {
+                bucket: rng.between(0, 6) as i64 - 3,
+                shard: rng.below(5) as u32,
+                fire_at_ms: rng.between(0, 2_000_000) as i64 - 1_000_000,
+                cron_job_id: format!("{:x}", rng.below(1 << 20)),
+            })
+            .collect();
+        for k in &keys {
+            assert_eq!(&ks.parse_cron_timer(&ks.cron_timer(k)).unwrap(), k);
+        }
+        keys.sort();
+        keys.dedup();
+        let encoded: Vec<Vec<u8>> = keys.iter().map(|k| ks.cron_timer(k)).collect();
+        assert!(encoded.windows(2).all(|w| w[0] < w[1]), "byte order = tuple order");
+        let r = ks.cron_timers_until(7, 2, 1_000);
+        for (at, inside) in [(999, true), (1_000, true), (1_001, false)] {
+            let k = ks.cron_timer(&CronTimerKey {
+                bucket: 7,
+                shard: 2,
+                fire_at_ms: at,
+                cron_job_id: "c".into(),
+            });
+            assert_eq!(r.begin <= k && k < r.end, inside, "fire_at {at}");
+        }
+        assert_eq!(
+            ks.parse_cron_job(&ks.cron_job("ns", "C1")).unwrap(),
+            ("ns".into(), "C1".into())
+        );
+    }
+
+    #[test]
+    fn an_idempotency_prefix_covers_exactly_the_keys_extending_it() {
+        let ks = Keyspace::new("test");
+        let r = ks.idempotency_prefix("ns", "cron:J1:");
+        let inside = |k: &str| {
+            let key = ks.idempotency("ns", k);
+            r.begin <= key && key < r.end
+        };
+        assert!(inside("cron:J1:2026-08-13T02:00:00Z"));
+        assert!(inside("cron:J1:"));
+        assert!(!inside("cron:J1"));
+        assert!(!inside("cron:J10:2026-08-13T02:00:00Z"));
+        assert!(!inside("cron:J2:2026-08-13T02:00:00Z"));
+        let other_ns = ks.idempotency("ns2", "cron:J1:x");
+        assert!(!(r.begin <= other_ns && other_ns < r.end));
+        let (ns, key) = ks.parse_idempotency(&ks.idempotency("ns", "cron:J1:x")).unwrap();
+        assert_eq!((ns.as_str(), key.as_str()), ("ns", "cron:J1:x"));
     }
 }

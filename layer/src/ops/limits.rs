@@ -76,6 +76,8 @@ pub const CRON_OCCURRENCES_PER_CALL_MAX: usize = 1_000;
 pub const CRON_CHECK_INTERVAL_MIN_MS: i64 = 1_000;
 /// The longest interval between two looks at an execution a schedule waits on (milliseconds).
 pub const CRON_CHECK_INTERVAL_MAX_MS: i64 = 60_000;
+/// When an owner retries a round whose submits did not go through (milliseconds).
+pub const CRON_RECOVER_AFTER_MS: i64 = 10_000;
 /// Most cron jobs a list page returns.
 pub const CRON_LIST_PAGE_MAX: usize = 1_000;
 /// Most cron timers one owner scan returns.

@@ -15,9 +15,11 @@
 //! | back-off | [`retry`] |
 //! | definitions | [`definitions`] |
 //! | leased partitions, nodes | [`leases`] |
+//! | cron jobs (clients), cron rounds (owners) | [`cron`], [`cron::owner`] |
 
 pub mod claim;
 pub mod control;
+pub mod cron;
 pub mod definitions;
 pub mod error;
 pub mod fire;

@@ -371,7 +371,15 @@ fn new_execution(
         base_delay_ms: 0,
         max_delay_ms: 0,
     });
+    // An occurrence key records the cron job and occurrence it materializes.
+    let (cron_job_id, cron_occurrence_ms) = req
+        .idempotency_key
+        .as_deref()
+        .and_then(crate::cron::parse_occurrence_key)
+        .unwrap_or_default();
     Ok(Execution {
+        cron_job_id,
+        cron_occurrence_ms,
         id: id.to_string(),
         namespace: req.namespace.clone(),
         definition_name: def.name.clone(),

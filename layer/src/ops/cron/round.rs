@@ -1,0 +1,372 @@
+//! One round of one cron job, as its cron shard's owner runs it: read the job, submit an outbox
+//! left by a crash, learn the state of its unfinished executions, decide ([`plan`]), write the
+//! decision with its outbox ([`cron_apply`](Scheduler::cron_apply)), submit through
+//! [`Executions`] (the node uses the public API through the SDK client: the cron service is a
+//! client like any other), and settle. Every submit carries the occurrence's idempotency key, so
+//! running a round again after any crash makes no second execution.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use kairos_proto::storage::v1::{CronJob, CronStatus, ExecutionStatus};
+use serde_json::Value;
+
+use super::spec;
+use crate::cron::plan::{Decision, ExecState, MissedOutcome, plan};
+use crate::cron::{Schedule, occurrence_key};
+use crate::ops::Scheduler;
+use crate::ops::error::Result;
+use crate::ops::limits::{CRON_RECOVER_AFTER_MS, EXECUTE_AT_PAST_MAX_MS};
+
+/// One occurrence to submit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Materialization {
+    /// Namespace.
+    pub namespace: String,
+    /// `cron:{cron_job_id}:{occurrence}`.
+    pub idempotency_key: String,
+    /// Definition name.
+    pub definition: String,
+    /// Definition version.
+    pub definition_version: u32,
+    /// Inputs, placeholders replaced.
+    pub inputs: Value,
+    /// When it is due; `None` = now by the node's clock (too late for an absolute time).
+    pub execute_at_ms: Option<i64>,
+}
+
+/// Why something could not be done through the API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecutionsError {
+    /// Try again later (unreachable, timed out, store busy): the outcome is unknown.
+    #[error("transient: {0}")]
+    Transient(String),
+    /// The idempotency key holds another request (the job changed since the first submit).
+    #[error("idempotency conflict: {0}")]
+    Conflict(String),
+    /// Refused for good (invalid inputs, unknown definition, wrong state).
+    #[error("{0}")]
+    Permanent(String),
+}
+
+/// What a submit made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The execution.
+    pub execution_id: String,
+    /// False when the key had it already.
+    pub created: bool,
+}
+
+/// The executions API as the cron service uses it.
+pub trait Executions: Send + Sync {
+    /// Submits a batch; one result per item, in order.
+    fn submit(
+        &self,
+        batch: Vec<Materialization>,
+    ) -> impl Future<Output = Result<Vec<Result<Submitted, ExecutionsError>>, ExecutionsError>> + Send;
+    /// An execution's status (`None`: no such execution).
+    fn status(
+        &self,
+        ns: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<ExecutionStatus>, ExecutionsError>> + Send;
+    /// The execution submitted with `key`, if any.
+    fn by_key(
+        &self,
+        ns: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<String>, ExecutionsError>> + Send;
+    /// Cancels an execution (a running one is asked to stop); a finished one is fine.
+    fn cancel(
+        &self,
+        ns: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<(), ExecutionsError>> + Send;
+}
+
+/// What a round did (for metrics and the owner's next wake-up).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoundReport {
+    /// Executions created.
+    pub created: u64,
+    /// Occurrences whose execution existed already (a retried round).
+    pub existing: u64,
+    /// Occurrences that could not be submitted for good.
+    pub failed: u64,
+    /// Executions cancelled (overlap `cancel-previous`).
+    pub cancelled: u64,
+    /// Occurrences skipped for overlap.
+    pub skipped_overlap: u64,
+    /// Missed occurrences by outcome.
+    pub missed: BTreeMap<&'static str, u64>,
+    /// How late each occurrence was materialized, relative to `due - lookahead` (ms).
+    pub lateness_ms: Vec<i64>,
+    /// The job was paused (pause-on-failure).
+    pub paused: bool,
+    /// The job completed.
+    pub completed: bool,
+    /// The round was discarded (the job changed meanwhile): run again.
+    pub stale: bool,
+    /// When the job wants its next round (`None`: when a client changes it).
+    pub wake_ms: Option<i64>,
+    /// What went wrong with single occurrences or cancels (for the owner's log).
+    pub errors: Vec<String>,
+}
+
+/// The due time an occurrence is submitted with: absolute while the API accepts it (up to a
+/// day in the past), else "now" by the node's clock.
+fn execute_at(due_ms: i64, now_ms: i64) -> Option<i64> {
+    (due_ms >= now_ms - (EXECUTE_AT_PAST_MAX_MS - 3_600_000)).then_some(due_ms)
+}
+
+impl Scheduler {
+    /// Submits a job's outbox (cancels first); returns `(occurrence, execution id)` of those
+    /// that have an execution. A transient failure aborts (the outbox stays for a retry).
+    async fn flush<E: Executions>(
+        &self,
+        exec: &E,
+        job: &CronJob,
+        schedule: &Schedule,
+        now_ms: i64,
+        report: &mut RoundReport,
+    ) -> Result<Vec<(i64, String)>, ExecutionsError> {
+        let ns = job.namespace.as_str();
+        for id in &job.pending_cancel {
+            match exec.cancel(ns, id).await {
+                Ok(()) => report.cancelled += 1,
+                Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
+                Err(e) => report.errors.push(format!("cancelling {id}: {e}")),
+            }
+        }
+        let mut batch = Vec::new();
+        let mut occurrences = Vec::new();
+        for p in &job.pending {
+            let key = occurrence_key(&job.id, p.occurrence_ms);
+            match spec::occurrence_inputs(job, schedule, p.occurrence_ms) {
+                Ok(inputs) => {
+                    batch.push(Materialization {
+                        namespace: job.namespace.clone(),
+                        idempotency_key: key,
+                        definition: job.definition_name.clone(),
+                        definition_version: job.definition_version,
+                        inputs,
+                        execute_at_ms: execute_at(p.due_ms, now_ms),
+                    });
+                    occurrences.push(p.occurrence_ms);
+                }
+                Err(e) => {
+                    report.failed += 1;
+                    report.errors.push(format!("occurrence {key}: {e}"));
+                }
+            }
+        }
+        let mut done = Vec::new();
+        if batch.is_empty() {
+            return Ok(done);
+        }
+        let keys: Vec<String> = batch.iter().map(|m| m.idempotency_key.clone()).collect();
+        let results = exec.submit(batch).await?;
+        for ((o, key), r) in occurrences.into_iter().zip(keys).zip(results) {
+            match r {
+                Ok(s) => {
+                    if s.created {
+                        report.created += 1
+                    } else {
+                        report.existing += 1
+                    }
+                    done.push((o, s.execution_id));
+                }
+                Err(ExecutionsError::Conflict(_)) => match exec.by_key(ns, &key).await? {
+                    Some(id) => {
+                        report.existing += 1;
+                        done.push((o, id));
+                    }
+                    None => report.failed += 1,
+                },
+                Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
+                Err(ExecutionsError::Permanent(e)) => {
+                    report.failed += 1;
+                    report.errors.push(format!("occurrence {key}: {e}"));
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs one round of a job at the clock's now. `Err` only for store failures (ownership
+    /// lost included); a transient API failure leaves the job's timer at a retry time.
+    pub async fn cron_round<E: Executions>(
+        &self,
+        exec: &E,
+        shard: u32,
+        epoch: u64,
+        ns: &str,
+        id: &str,
+        lookahead_ms: i64,
+    ) -> Result<RoundReport> {
+        let now_ms = self.clock.now().as_millis();
+        let mut report = RoundReport::default();
+        let Some(job) = self.cron_job_snapshot(ns, id).await? else { return Ok(report) };
+        let schedule = spec::schedule_of(&job)?;
+        let retry_at = now_ms + CRON_RECOVER_AFTER_MS;
+        if !job.pending.is_empty() || !job.pending_cancel.is_empty() {
+            // An outbox left by an earlier round (a crash, or a transient failure): submit it
+            // again under the same keys, then plan afresh.
+            return match self.flush(exec, &job, &schedule, now_ms, &mut report).await {
+                Ok(done) => {
+                    self.cron_settle(
+                        shard,
+                        epoch,
+                        ns,
+                        id,
+                        job.round,
+                        job.generation,
+                        &done,
+                        Some(now_ms),
+                        now_ms,
+                    )
+                    .await?;
+                    report.wake_ms = Some(now_ms);
+                    Ok(report)
+                }
+                Err(_) => {
+                    self.cron_retry_at(shard, epoch, ns, id, Some(retry_at)).await?;
+                    report.wake_ms = Some(retry_at);
+                    Ok(report)
+                }
+            };
+        }
+        if job.status != CronStatus::Active as i32 {
+            self.cron_retry_at(shard, epoch, ns, id, None).await?;
+            return Ok(report);
+        }
+        let mut states = BTreeMap::new();
+        let lookups = job.outstanding.iter().map(|o| exec.status(ns, &o.execution_id));
+        match futures_util::future::try_join_all(lookups).await {
+            Ok(found) => {
+                for (o, st) in job.outstanding.iter().zip(found) {
+                    let state = st.map_or(ExecState::Done, spec::exec_state);
+                    states.insert(o.execution_id.clone(), state);
+                }
+            }
+            Err(_) => {
+                self.cron_retry_at(shard, epoch, ns, id, Some(retry_at)).await?;
+                report.wake_ms = Some(retry_at);
+                return Ok(report);
+            }
+        }
+        let round = spec::round_of(&job, now_ms, lookahead_ms, &states)?;
+        let d: Decision = plan(&round, |t| spec::next_occurrence(&job, &schedule, t));
+        report.skipped_overlap = d.skipped_overlap.len() as u64;
+        for (_, outcome) in &d.missed {
+            *report.missed.entry(outcome.name()).or_default() += 1;
+        }
+        if d.expired > 0 {
+            *report.missed.entry(MissedOutcome::Expired.name()).or_default() += d.expired;
+        }
+        report.lateness_ms =
+            d.materialize.iter().map(|m| (now_ms - (m.due_ms - lookahead_ms)).max(0)).collect();
+        report.paused = d.pause.is_some();
+        report.completed = d.completed;
+        let seen = (job.generation, job.round);
+        let Some(applied) =
+            self.cron_apply(shard, epoch, ns, id, seen, &d, now_ms, retry_at).await?
+        else {
+            return Ok(RoundReport {
+                stale: true,
+                wake_ms: Some(now_ms),
+                ..RoundReport::default()
+            });
+        };
+        report.wake_ms = if d.completed { None } else { d.wake_ms };
+        if applied.pending.is_empty() && applied.pending_cancel.is_empty() {
+            return Ok(report);
+        }
+        match self.flush(exec, &applied, &schedule, now_ms, &mut report).await {
+            Ok(done) => {
+                self.cron_settle(
+                    shard,
+                    epoch,
+                    ns,
+                    id,
+                    applied.round,
+                    applied.generation,
+                    &done,
+                    report.wake_ms,
+                    now_ms,
+                )
+                .await?;
+            }
+            Err(_) => report.wake_ms = Some(retry_at), // the outbox waits for the retry timer
+        }
+        Ok(report)
+    }
+}
+
+/// The executions API straight over the scheduler's operations (tests, simulation; a node
+/// goes through its own gRPC API instead).
+#[derive(Debug, Clone)]
+pub struct DirectExecutions(pub Scheduler);
+
+fn classify(e: crate::ops::Error) -> ExecutionsError {
+    use crate::ops::Error as E;
+    match e {
+        E::IdempotencyConflict { .. } => ExecutionsError::Conflict(e.to_string()),
+        E::Kv(k) if k.is_retryable() => ExecutionsError::Transient(k.to_string()),
+        E::Kv(crate::kv::Error::DatabaseClosed) => ExecutionsError::Transient(e.to_string()),
+        other => ExecutionsError::Permanent(other.to_string()),
+    }
+}
+
+impl Executions for DirectExecutions {
+    async fn submit(
+        &self,
+        batch: Vec<Materialization>,
+    ) -> Result<Vec<Result<Submitted, ExecutionsError>>, ExecutionsError> {
+        let reqs = batch
+            .into_iter()
+            .map(|m| crate::ops::submit::SubmitRequest {
+                namespace: m.namespace,
+                definition: m.definition,
+                definition_version: m.definition_version,
+                inputs: m.inputs,
+                execute_at_ms: m.execute_at_ms.unwrap_or(0),
+                delay_ms: m.execute_at_ms.is_none().then_some(0),
+                idempotency_key: Some(m.idempotency_key),
+            })
+            .collect();
+        let out = self.0.submit_batch(reqs).await.map_err(classify)?;
+        Ok(out
+            .into_iter()
+            .map(|r| {
+                r.map(|s| Submitted { execution_id: s.execution.id, created: s.created })
+                    .map_err(classify)
+            })
+            .collect())
+    }
+
+    async fn status(&self, ns: &str, id: &str) -> Result<Option<ExecutionStatus>, ExecutionsError> {
+        match self.0.get(ns, id).await {
+            Ok(e) => Ok(Some(e.status())),
+            Err(crate::ops::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn by_key(&self, ns: &str, key: &str) -> Result<Option<String>, ExecutionsError> {
+        match self.0.get_by_idempotency_key(ns, key).await {
+            Ok(e) => Ok(Some(e.id)),
+            Err(crate::ops::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn cancel(&self, ns: &str, id: &str) -> Result<(), ExecutionsError> {
+        match self.0.cancel(ns, id).await {
+            Ok(_) | Err(crate::ops::Error::FailedPrecondition(_)) => Ok(()),
+            Err(crate::ops::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
+}

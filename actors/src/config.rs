@@ -67,6 +67,9 @@ pub struct NodeConfig {
     pub poll_interval_ms: u64,
     /// Timers per fire transaction.
     pub fire_batch: usize,
+    /// How early the cron service materializes an occurrence (the core scheduler then fires it
+    /// on time). At most 1 hour.
+    pub cron_lookahead_ms: u64,
     /// Longest a worker's poll may wait.
     pub poll_wait_max_ms: u64,
     /// Per-queue limit of executions in flight through this node (absent: unlimited).
@@ -97,6 +100,7 @@ impl Default for NodeConfig {
             window_timers_max: 100_000,
             poll_interval_ms: 1_000,
             fire_batch: 256,
+            cron_lookahead_ms: 5_000,
             poll_wait_max_ms: 60_000,
             queue_concurrency: BTreeMap::new(),
             log: "info".into(),
@@ -184,6 +188,7 @@ impl NodeConfig {
             }
             "shard_count" => self.shard_count = num32(value)?,
             "ready_partitions" => self.ready_partitions = num32(value)?,
+            "cron_lookahead_ms" => self.cron_lookahead_ms = num(value)?,
             "shard_lease_ms" => self.shard_lease_ms = num(value)?,
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
@@ -226,6 +231,9 @@ impl NodeConfig {
         }
         if self.ready_partitions > self.shard_count {
             return Err(bad("ready_partitions", "must be at most shard_count"));
+        }
+        if self.cron_lookahead_ms > kairos_layer::ops::limits::CRON_LOOKAHEAD_MAX_MS {
+            return Err(bad("cron_lookahead_ms", "must be at most 3600000 (1 hour)"));
         }
         if self.shard_lease_ms < 1_000 {
             return Err(bad("shard_lease_ms", "must be at least 1000"));

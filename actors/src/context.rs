@@ -38,6 +38,8 @@ pub struct Ctx {
     pub matchmaker: Arc<Matchmaker>,
     /// Results and heartbeats, batched into few transactions.
     pub batcher: Batcher,
+    /// What the cron shard owners share.
+    pub cron: crate::cron_owner::CronCtx,
 }
 
 impl Ctx {
@@ -47,11 +49,12 @@ impl Ctx {
     }
 }
 
-/// Node-local routing: which actor owns which shard, and the dispatcher.
+/// Node-local routing: which actor owns which shard (and cron shard), and the dispatcher.
 #[derive(Default)]
 pub struct Routes {
     owners: Mutex<BTreeMap<u32, ActorRef<OwnerMsg>>>,
     dispatcher: Mutex<Option<ActorRef<DispatcherMsg>>>,
+    cron_owners: Mutex<BTreeMap<u32, ActorRef<crate::cron_owner::CronMsg>>>,
 }
 
 impl Routes {
@@ -108,6 +111,34 @@ impl Routes {
     /// Shards with a local owner.
     pub fn owned_shards(&self) -> Vec<u32> {
         self.owners.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+
+    pub(crate) fn set_cron_owner(&self, shard: u32, owner: ActorRef<crate::cron_owner::CronMsg>) {
+        self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, owner);
+    }
+
+    /// Removes the route of cron shard `shard` if it still leads to `owner`.
+    pub(crate) fn remove_cron_owner(&self, shard: u32, owner: ActorId) {
+        let mut owners = self.cron_owners.lock().unwrap_or_else(|e| e.into_inner());
+        if owners.get(&shard).is_some_and(|o| o.get_id() == owner) {
+            owners.remove(&shard);
+        }
+    }
+
+    /// Tells the local owner of a cron shard (if any) to look at a job now: a client changed it.
+    pub fn cron_hint(&self, shard: u32, namespace: &str, cron_job_id: &str) {
+        let owner = self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned();
+        if let Some(o) = owner {
+            let _ = o.send_message(crate::cron_owner::CronMsg::Hint {
+                namespace: namespace.to_string(),
+                cron_job_id: cron_job_id.to_string(),
+            });
+        }
+    }
+
+    /// Cron shards with a local owner.
+    pub fn owned_cron_shards(&self) -> Vec<u32> {
+        self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
     }
 }
 

@@ -19,6 +19,7 @@ use kairos_proto::storage::v1::Node;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::context::{Ctx, send_after};
+use crate::cron_owner::{CronOwnerArgs, CronShardOwner};
 use crate::shard_owner::{OwnerArgs, ShardOwner};
 
 /// A partition of a space.
@@ -188,7 +189,10 @@ impl LeaseState {
                 Ok(a.get_cell())
             }
             Space::Cron => {
-                Err(ractor::SpawnErr::StartupFailed("no cron partition worker on this node".into()))
+                let args = CronOwnerArgs { ctx: self.ctx.clone(), shard: p.1, epoch };
+                let (a, _) =
+                    Actor::spawn_linked(None, CronShardOwner, args, myself.get_cell()).await?;
+                Ok(a.get_cell())
             }
         }
     }
@@ -310,7 +314,7 @@ impl Actor for LeaseManager {
         let started_at_ms = ctx.now_ms();
         let mut s = LeaseState {
             ctx,
-            spaces: vec![Space::Executions],
+            spaces: vec![Space::Executions, Space::Cron],
             held: BTreeMap::new(),
             valid_until: BTreeMap::new(),
             busy: false,

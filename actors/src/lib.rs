@@ -2,7 +2,8 @@
 //! the `kairos` binary.
 //!
 //! ```text
-//! NodeSupervisor ─┬─ LeaseManager ── ShardOwner (per owned shard) ── ExecutionSupervisor (per in-flight execution)
+//! NodeSupervisor ─┬─ LeaseManager ─┬─ ShardOwner (per owned shard) ── ExecutionSupervisor (per in-flight execution)
+//!                 │               └─ CronShardOwner (per owned cron shard; materializes through the SDK client)
 //!                 └─ Dispatcher (worker streams and long polls)
 //! shared: Matchmaker (waiting workers' credits), Batcher (results and heartbeats → few transactions)
 //! ```
@@ -16,6 +17,8 @@ pub mod batcher;
 pub mod cli;
 pub mod config;
 pub mod context;
+pub mod cron_client;
+pub mod cron_owner;
 pub mod dispatcher;
 pub mod execution_supervisor;
 pub mod lease_manager;

@@ -48,6 +48,8 @@ struct Inner {
     join: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
+mod cron;
+
 /// A running node. Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
@@ -78,7 +80,15 @@ impl Node {
         };
         let sched =
             Scheduler::open(db, Keyspace::new(&config.cluster), clock.clone(), rng, params).await?;
+        let slot: crate::cron_client::NodeSlot = Arc::default();
+        let cron = crate::cron_owner::CronCtx {
+            executions: crate::cron_client::SdkExecutions(crate::cron_client::in_process_client(
+                slot.clone(),
+            )),
+            metrics: Arc::default(),
+        };
         let ctx = Ctx {
+            cron,
             batcher: Batcher::start(sched.clone()),
             matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
             sched,
@@ -92,9 +102,11 @@ impl Node {
             .await
             .map_err(|e| StartError::Actors(e.to_string()))?;
         tracing::info!(node = %ctx.node_id, shards = ctx.sched.config().shard_count, "node started");
-        Ok(Node {
-            inner: Arc::new(Inner { ctx, supervisor, join: std::sync::Mutex::new(Some(join)) }),
-        })
+        let inner = Arc::new(Inner { ctx, supervisor, join: std::sync::Mutex::new(Some(join)) });
+        // The cron service's in-process API client finds the node through a weak reference.
+        let weak = Arc::downgrade(&inner);
+        let _ = slot.set(Box::new(move || weak.upgrade().map(|inner| Node { inner })));
+        Ok(Node { inner })
     }
 
     fn ctx(&self) -> &Ctx {
@@ -354,7 +366,9 @@ impl Node {
             .into_iter()
             .map(|(s, n)| (s.as_str_name().trim_start_matches("EXECUTION_STATUS_").to_string(), n))
             .collect();
-        self.ctx().metrics.render(&states)
+        let mut text = self.ctx().metrics.render(&states);
+        text.push_str(&self.ctx().cron.metrics.render());
+        text
     }
 
     /// Drains: stops serving polls (waiting ones get no work), lets in-flight transactions

@@ -44,6 +44,8 @@ pub fn execution(e: &storage::Execution) -> api::Execution {
         finished_at_ms: e.finished_at_ms,
         cancel_requested: e.cancel_requested,
         next_timer_at_ms: e.timer.as_ref().map_or(0, |t| t.fire_at_ms),
+        cron_job_id: e.cron_job_id.clone(),
+        cron_occurrence_ms: e.cron_occurrence_ms,
     }
 }
 

@@ -29,6 +29,8 @@ use super::errors::status;
 use crate::dispatcher::{PollRequest as NodePoll, SessionOpen};
 use crate::node::Node;
 
+pub mod cron;
+
 type Reply<T> = Result<Response<T>, Status>;
 
 fn ok<T>(v: T) -> Reply<T> {
@@ -134,7 +136,7 @@ impl Api {
         out
     }
 
-    /// Serves the four services on `addr` until `shutdown` completes.
+    /// Serves the services on `addr` until `shutdown` completes.
     pub async fn serve(
         self,
         addr: SocketAddr,
@@ -147,6 +149,9 @@ impl Api {
             .add_service(ExecutionServiceServer::new(self.clone()))
             .add_service(WorkerServiceServer::new(self.clone()))
             .add_service(DefinitionServiceServer::new(self.clone()))
+            .add_service(kairos_proto::v1::cron_service_server::CronServiceServer::new(
+                self.clone(),
+            ))
             .add_service(AdminServiceServer::new(self));
         let task = tokio::spawn(async move {
             if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown).await {

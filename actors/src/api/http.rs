@@ -1,5 +1,6 @@
 //! The node's HTTP endpoint: the seed design's API (`POST /executions` with an
-//! `Idempotency-Key` header, `GET` and `DELETE /executions/{executionId}`), definitions,
+//! `Idempotency-Key` header, `GET` and `DELETE /executions/{executionId}`), definitions, cron
+//! jobs (`/cron-jobs`, [`cron`]),
 //! `/metrics` (Prometheus text) and `/healthz`. JSON is camelCase; errors are
 //! `{"error": {"code", "field", "message"}}` with a 4xx for anything the caller got wrong.
 //! The namespace is the `Kairos-Namespace` header (default `default`). See docs/api.md and
@@ -24,6 +25,8 @@ use serde_json::{Value, json};
 use super::errors;
 use super::json::{self, parse_rfc3339};
 use crate::node::Node;
+
+mod cron;
 
 /// Largest request body accepted.
 pub const BODY_BYTES_MAX: usize = 256 * 1024;
@@ -316,6 +319,7 @@ pub fn router(node: Node) -> Router {
         .route("/executions/{id}/replay", axum::routing::post(replay))
         .route("/definitions", get(list_definitions).post(register_definition))
         .route("/definitions/{name}", get(get_definition))
+        .merge(cron::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)

@@ -69,6 +69,10 @@ pub struct ExecutionView {
     status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     idempotency_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cron_job_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cron_occurrence: Option<String>,
     attempt_count: u32,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     cancel_requested: bool,
@@ -97,6 +101,8 @@ pub fn execution(e: &Execution, attempts: Option<&[Attempt]>) -> ExecutionView {
         execute_at: rfc3339(e.execute_at_ms),
         status: status_name(e.status().as_str_name()),
         idempotency_key: (!e.idempotency_key.is_empty()).then(|| e.idempotency_key.clone()),
+        cron_job_id: (!e.cron_job_id.is_empty()).then(|| e.cron_job_id.clone()),
+        cron_occurrence: rfc3339(e.cron_occurrence_ms),
         attempt_count: e.attempt_count,
         cancel_requested: e.cancel_requested
             && e.status != kairos_proto::storage::v1::ExecutionStatus::Cancelled as i32,

@@ -55,6 +55,8 @@ pub struct Outstanding {
     pub occurrence_ms: i64,
     /// The execution.
     pub execution_id: String,
+    /// When it was materialized (how long the schedule has been waiting on it).
+    pub since_ms: i64,
 }
 
 /// Everything one round decides on.
@@ -273,7 +275,13 @@ pub fn plan(r: &Round, next_after: impl Fn(i64) -> Option<i64>) -> Decision {
             o.execution_id,
             super::zone::utc_rfc3339(o.occurrence_ms)
         ));
-        d.outstanding = r.outstanding.iter().map(|(o, _)| o.clone()).collect();
+        // The failure is acted on: only unfinished executions are followed further.
+        d.outstanding = r
+            .outstanding
+            .iter()
+            .filter(|(_, st)| *st == ExecState::Unfinished)
+            .map(|(o, _)| o.clone())
+            .collect();
         return d;
     }
     d.outstanding = r
@@ -343,7 +351,7 @@ pub fn plan(r: &Round, next_after: impl Fn(i64) -> Option<i64>) -> Decision {
     let more =
         d.materialize.len() >= CRON_MATERIALIZE_PER_ROUND_MAX || scanned >= CRON_SCAN_PER_ROUND_MAX;
     let waiting_on_execution = !d.queue.is_empty() || (p.pause_on_failure && active > 0);
-    let oldest = d.outstanding.first().map_or(now, |o| o.occurrence_ms + jitter);
+    let oldest = d.outstanding.iter().map(|o| o.since_ms).min().unwrap_or(now);
     let candidates = [
         more.then_some(now),
         deferred_until,

@@ -26,7 +26,10 @@ fn round(now: i64, next: i64) -> Round {
 }
 
 fn running(o: i64) -> (Outstanding, ExecState) {
-    (Outstanding { occurrence_ms: o, execution_id: format!("E{o}") }, ExecState::Unfinished)
+    (
+        Outstanding { occurrence_ms: o, execution_id: format!("E{o}"), since_ms: o },
+        ExecState::Unfinished,
+    )
 }
 
 fn occurrences(d: &Decision) -> Vec<i64> {
@@ -142,8 +145,10 @@ fn every_overlap_policy_while_the_previous_execution_runs() {
     let mut r = round(T0 + 2 * MIN + 10_000, T0 + 3 * MIN);
     r.policies.overlap = OverlapPolicy::BufferAll;
     r.queue = all.queue.clone();
-    r.outstanding =
-        vec![(Outstanding { occurrence_ms: prev, execution_id: "E".into() }, ExecState::Done)];
+    r.outstanding = vec![(
+        Outstanding { occurrence_ms: prev, execution_id: "E".into(), since_ms: prev },
+        ExecState::Done,
+    )];
     let d = plan(&r, every_minute);
     assert_eq!(occurrences(&d), [T0]);
     assert_eq!(d.queue.len(), 2);
@@ -154,7 +159,7 @@ fn pause_on_failure_pauses_and_does_nothing_else() {
     let mut r = round(T0, T0);
     r.policies.pause_on_failure = true;
     r.outstanding = vec![(
-        Outstanding { occurrence_ms: T0 - MIN, execution_id: "E1".into() },
+        Outstanding { occurrence_ms: T0 - MIN, execution_id: "E1".into(), since_ms: T0 - MIN },
         ExecState::Failed,
     )];
     let d = plan(&r, every_minute);

@@ -141,6 +141,15 @@ impl Scheduler {
                 job.updated_at_ms = now_ms;
                 job.skipped_overlap_count += d.skipped_overlap.len() as u64;
                 job.missed_count += d.missed.len() as u64 + d.expired;
+                job.outstanding = d
+                    .outstanding
+                    .iter()
+                    .map(|o| CronOutstanding {
+                        occurrence_ms: o.occurrence_ms,
+                        execution_id: o.execution_id.clone(),
+                        since_ms: o.since_ms,
+                    })
+                    .collect();
                 if let Some(reason) = &d.pause {
                     job.status = CronStatus::Paused as i32;
                     job.paused_at_ms = now_ms;
@@ -158,14 +167,6 @@ impl Scheduler {
                         occurrence_ms: q.occurrence_ms,
                         overlap: name_of(&OverlapPolicy::ALL, q.overlap).into(),
                         backfill: q.source == Source::Backfill,
-                    })
-                    .collect();
-                job.outstanding = d
-                    .outstanding
-                    .iter()
-                    .map(|o| CronOutstanding {
-                        occurrence_ms: o.occurrence_ms,
-                        execution_id: o.execution_id.clone(),
                     })
                     .collect();
                 job.pending = d
@@ -224,6 +225,7 @@ impl Scheduler {
                     job.outstanding.push(CronOutstanding {
                         occurrence_ms: p.occurrence_ms,
                         execution_id: exec.clone(),
+                        since_ms: now_ms,
                     });
                     job.materialized_count += 1;
                     if p.occurrence_ms >= job.last_occurrence_ms {

@@ -201,6 +201,7 @@ pub fn round_of(
                     Outstanding {
                         occurrence_ms: o.occurrence_ms,
                         execution_id: o.execution_id.clone(),
+                        since_ms: o.since_ms,
                     },
                     st,
                 )

@@ -1,0 +1,377 @@
+//! CronShardOwner: one per cron shard this node holds a lease on (the same leased-partition
+//! mechanism as the shard owners, space `cron`). It scans its shard's cron timers every poll
+//! interval (and is hinted by local API calls), and runs a round for each job whose timer is
+//! due: the round decides under the job's policies and materializes occurrences **through the
+//! SDK client** over an in-process channel to this node's API, each with the idempotency key
+//! `cron:{job}:{occurrence}` (see `kairos_layer::ops::cron::round`). Rounds run in spawned
+//! tasks (a handler never waits on the store or the API) and report back; a job is in at most
+//! one round at a time on this node, and the epoch fences rounds against another owner.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use kairos_layer::ops::Error;
+use kairos_layer::ops::cron::owner::CronDue;
+use kairos_layer::ops::cron::round::RoundReport;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::context::{Ctx, send_after};
+use crate::cron_client::SdkExecutions;
+use crate::metrics::Histogram;
+
+/// Rounds one owner runs at once.
+const ROUNDS_IN_FLIGHT_MAX: usize = 16;
+/// After a failed round, the job is tried again this much later.
+const ROUND_RETRY_MS: i64 = 1_000;
+
+/// What every cron shard owner of a node shares.
+#[derive(Clone)]
+pub struct CronCtx {
+    /// The executions API (the SDK client over the in-process channel).
+    pub executions: SdkExecutions,
+    /// Metrics of the cron service.
+    pub metrics: Arc<CronMetrics>,
+}
+
+/// Metrics of the cron service on this node.
+#[derive(Debug, Default)]
+pub struct CronMetrics {
+    /// Executions created for occurrences.
+    pub materialized: AtomicU64,
+    /// Occurrences found materialized already (a repeated round).
+    pub existing: AtomicU64,
+    /// Occurrences that could not be materialized (refused by the API).
+    pub failed: AtomicU64,
+    /// Missed occurrences made up.
+    pub missed_caught_up: AtomicU64,
+    /// Missed occurrences not made up (policy).
+    pub missed_skipped: AtomicU64,
+    /// Missed occurrences older than the catch-up window.
+    pub missed_expired: AtomicU64,
+    /// Occurrences skipped because the previous execution had not finished.
+    pub skipped_overlap: AtomicU64,
+    /// Executions cancelled for a newer occurrence (`cancel-previous`).
+    pub cancelled_previous: AtomicU64,
+    /// Jobs paused because an execution failed.
+    pub paused_on_failure: AtomicU64,
+    /// Rounds run.
+    pub rounds: AtomicU64,
+    /// How late occurrences were materialized relative to `due - lookahead`.
+    pub lateness: Histogram,
+    /// Cron shards this node owns.
+    pub shards_owned: AtomicI64,
+}
+
+impl CronMetrics {
+    fn record(&self, r: &RoundReport) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.materialized.fetch_add(r.created, Ordering::Relaxed);
+        self.existing.fetch_add(r.existing, Ordering::Relaxed);
+        self.failed.fetch_add(r.failed, Ordering::Relaxed);
+        self.skipped_overlap.fetch_add(r.skipped_overlap, Ordering::Relaxed);
+        self.cancelled_previous.fetch_add(r.cancelled, Ordering::Relaxed);
+        for (outcome, n) in &r.missed {
+            let c = match *outcome {
+                "caught_up" => &self.missed_caught_up,
+                "skipped" => &self.missed_skipped,
+                _ => &self.missed_expired,
+            };
+            c.fetch_add(*n, Ordering::Relaxed);
+        }
+        if r.paused {
+            self.paused_on_failure.fetch_add(1, Ordering::Relaxed);
+        }
+        for ms in &r.lateness_ms {
+            self.lateness.observe(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
+        }
+    }
+
+    /// The cron metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            &mut out,
+            "kairos_cron_materialized_total",
+            "Executions created for cron occurrences.",
+            load(&self.materialized),
+        );
+        counter(
+            &mut out,
+            "kairos_cron_materialize_failed_total",
+            "Cron occurrences the API refused.",
+            load(&self.failed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kairos_cron_missed_total Missed cron occurrences, by policy outcome.\n# TYPE kairos_cron_missed_total counter"
+        );
+        for (outcome, c) in [
+            ("caught_up", &self.missed_caught_up),
+            ("skipped", &self.missed_skipped),
+            ("expired", &self.missed_expired),
+        ] {
+            let _ = writeln!(out, "kairos_cron_missed_total{{outcome=\"{outcome}\"}} {}", load(c));
+        }
+        counter(
+            &mut out,
+            "kairos_cron_skipped_overlap_total",
+            "Cron occurrences skipped: the previous execution had not finished.",
+            load(&self.skipped_overlap),
+        );
+        counter(
+            &mut out,
+            "kairos_cron_cancelled_previous_total",
+            "Executions cancelled for a newer occurrence (cancel-previous).",
+            load(&self.cancelled_previous),
+        );
+        counter(
+            &mut out,
+            "kairos_cron_paused_on_failure_total",
+            "Cron jobs paused because an execution failed.",
+            load(&self.paused_on_failure),
+        );
+        counter(&mut out, "kairos_cron_rounds_total", "Cron rounds run.", load(&self.rounds));
+        self.lateness.render(
+            &mut out,
+            "kairos_cron_materialize_lateness_seconds",
+            "How late cron occurrences were materialized, after due minus the lookahead.",
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kairos_cron_shards_owned Cron shards this node owns.\n# TYPE kairos_cron_shards_owned gauge\nkairos_cron_shards_owned {}",
+            self.shards_owned.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+/// Messages of a cron shard owner.
+#[derive(Debug)]
+pub enum CronMsg {
+    /// Time to re-evaluate.
+    Wake,
+    /// A client changed a job on this node: look at it now.
+    Hint {
+        /// Namespace.
+        namespace: String,
+        /// The job.
+        cron_job_id: String,
+    },
+    /// A scan finished.
+    Scanned(Result<Vec<CronDue>, Error>),
+    /// A round finished.
+    Done((String, String), Result<RoundReport, Error>),
+}
+
+/// The cron shard owner actor.
+pub struct CronShardOwner;
+
+/// Arguments of a cron shard owner.
+pub struct CronOwnerArgs {
+    /// Node context.
+    pub ctx: Ctx,
+    /// The cron shard.
+    pub shard: u32,
+    /// The lease epoch every write is fenced with.
+    pub epoch: u64,
+}
+
+type JobId = (String, String);
+
+/// State of a cron shard owner: when each known job is due, and the rounds in flight.
+pub struct CronOwnerState {
+    ctx: Ctx,
+    shard: u32,
+    epoch: u64,
+    due: BTreeSet<(i64, JobId)>,
+    due_at: BTreeMap<JobId, i64>,
+    running: BTreeSet<JobId>,
+    /// Jobs hinted while in a round: look again when it ends.
+    again: BTreeSet<JobId>,
+    scanning: bool,
+    next_scan: i64,
+    wake_at: Option<i64>,
+}
+
+impl CronOwnerState {
+    fn lookahead_ms(&self) -> i64 {
+        self.ctx.config.cron_lookahead_ms as i64
+    }
+
+    fn add(&mut self, at: i64, job: JobId) {
+        if let Some(old) = self.due_at.get(&job).copied() {
+            if old <= at {
+                return;
+            }
+            self.due.remove(&(old, job.clone()));
+        }
+        self.due_at.insert(job.clone(), at);
+        self.due.insert((at, job));
+    }
+
+    fn schedule_wake(&mut self, myself: &ActorRef<CronMsg>, at: i64) {
+        let now = self.ctx.now_ms();
+        if self.wake_at.is_some_and(|w| w <= at && w > now) {
+            return;
+        }
+        self.wake_at = Some(at);
+        let d = Duration::from_millis(u64::try_from(at - now).unwrap_or(0));
+        send_after(&self.ctx.clock, d, myself.clone(), CronMsg::Wake);
+    }
+
+    fn evaluate(&mut self, myself: &ActorRef<CronMsg>) {
+        let now = self.ctx.now_ms();
+        if !self.scanning && now >= self.next_scan {
+            self.scanning = true;
+            let (sched, me) = (self.ctx.sched.clone(), myself.clone());
+            let (shard, epoch) = (self.shard, self.epoch);
+            let until = now + self.ctx.config.window_ms as i64;
+            tokio::spawn(async move {
+                let r = sched.cron_scan(shard, epoch, now, until).await;
+                let _ = me.send_message(CronMsg::Scanned(r));
+            });
+        }
+        while self.running.len() < ROUNDS_IN_FLIGHT_MAX {
+            let Some((at, job)) = self.due.iter().find(|(_, j)| !self.running.contains(j)).cloned()
+            else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            self.due.remove(&(at, job.clone()));
+            self.due_at.remove(&job);
+            self.running.insert(job.clone());
+            let (sched, me, exec) =
+                (self.ctx.sched.clone(), myself.clone(), self.ctx.cron.executions.clone());
+            let (shard, epoch, lookahead) = (self.shard, self.epoch, self.lookahead_ms());
+            tokio::spawn(async move {
+                let r = sched.cron_round(&exec, shard, epoch, &job.0, &job.1, lookahead).await;
+                let _ = me.send_message(CronMsg::Done(job, r));
+            });
+        }
+        let next_due = self.due.iter().find(|(_, j)| !self.running.contains(j)).map(|(t, _)| *t);
+        let at = next_due.map_or(self.next_scan, |t| t.min(self.next_scan));
+        self.schedule_wake(myself, at.max(now));
+    }
+}
+
+impl Actor for CronShardOwner {
+    type Msg = CronMsg;
+    type State = CronOwnerState;
+    type Arguments = CronOwnerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<CronMsg>,
+        args: CronOwnerArgs,
+    ) -> Result<CronOwnerState, ActorProcessingErr> {
+        args.ctx.routes.set_cron_owner(args.shard, myself.clone());
+        args.ctx.cron.metrics.shards_owned.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(shard = args.shard, epoch = args.epoch, "cron shard owner started");
+        let mut s = CronOwnerState {
+            next_scan: args.ctx.now_ms(),
+            ctx: args.ctx,
+            shard: args.shard,
+            epoch: args.epoch,
+            due: BTreeSet::new(),
+            due_at: BTreeMap::new(),
+            running: BTreeSet::new(),
+            again: BTreeSet::new(),
+            scanning: false,
+            wake_at: None,
+        };
+        s.evaluate(&myself);
+        Ok(s)
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<CronMsg>,
+        s: &mut CronOwnerState,
+    ) -> Result<(), ActorProcessingErr> {
+        s.ctx.routes.remove_cron_owner(s.shard, myself.get_id());
+        s.ctx.cron.metrics.shards_owned.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<CronMsg>,
+        msg: CronMsg,
+        s: &mut CronOwnerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = s.ctx.now_ms();
+        match msg {
+            CronMsg::Wake => {
+                if s.wake_at.is_some_and(|w| w <= now) {
+                    s.wake_at = None;
+                }
+            }
+            CronMsg::Hint { namespace, cron_job_id } => {
+                let job = (namespace, cron_job_id);
+                if s.running.contains(&job) {
+                    s.again.insert(job);
+                } else {
+                    s.add(now, job);
+                }
+            }
+            CronMsg::Scanned(r) => {
+                s.scanning = false;
+                s.next_scan = now + s.ctx.config.poll_interval_ms as i64;
+                match r {
+                    Ok(due) => {
+                        for d in due {
+                            s.add(d.fire_at_ms, (d.namespace, d.cron_job_id));
+                        }
+                    }
+                    Err(Error::OwnershipLost { shard, epoch, current }) => {
+                        tracing::warn!(shard, epoch, current, "cron shard ownership lost");
+                        myself.stop(Some("ownership lost".into()));
+                        return Ok(());
+                    }
+                    Err(e) => tracing::warn!(shard = s.shard, error = %e, "cron scan failed"),
+                }
+            }
+            CronMsg::Done(job, r) => {
+                s.running.remove(&job);
+                match r {
+                    Ok(report) => {
+                        s.ctx.cron.metrics.record(&report);
+                        for e in &report.errors {
+                            tracing::warn!(cron_job = %job.1, error = %e, "cron occurrence");
+                        }
+                        if report.paused {
+                            tracing::warn!(cron_job = %job.1, "cron job paused: an execution failed");
+                        }
+                        let horizon = now + s.ctx.config.window_ms as i64;
+                        if let Some(w) = report.wake_ms.filter(|w| *w <= horizon) {
+                            s.add(w, job.clone());
+                        }
+                    }
+                    Err(Error::OwnershipLost { shard, epoch, current }) => {
+                        tracing::warn!(shard, epoch, current, "cron shard ownership lost");
+                        myself.stop(Some("ownership lost".into()));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        tracing::warn!(cron_job = %job.1, error = %e, "cron round failed; retrying");
+                        s.add(now + ROUND_RETRY_MS, job.clone());
+                    }
+                }
+                if s.again.remove(&job) {
+                    s.add(now, job);
+                }
+            }
+        }
+        s.evaluate(&myself);
+        Ok(())
+    }
+}

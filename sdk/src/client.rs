@@ -1,5 +1,5 @@
 //! The client: submissions (absolute or delayed, with idempotency keys and safe retries),
-//! reads, cancel, replay, wait, definitions and administration.
+//! reads, cancel, replay, wait, definitions, cron jobs ([`cron`]) and administration.
 
 use std::time::Duration;
 
@@ -9,6 +9,8 @@ use kairos_proto::v1::execution_service_client::ExecutionServiceClient;
 use kairos_proto::v1::worker_service_client::WorkerServiceClient;
 use kairos_proto::v1::*;
 use tonic::transport::{Channel, Endpoint};
+
+mod cron;
 
 /// A client error.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -11,6 +11,8 @@ use crate::Client;
 use kairos_proto::v1::{Definition, Execution, ExecutionStatus};
 use serde_json::{Value, json};
 
+mod cron;
+
 const USAGE: &str = "usage: kairosctl [--endpoint URL] [--namespace NS] [--json] <command>
 commands:
   submit <definitionUri> <version> [--inputs JSON] [--at RFC3339 | --after SECONDS] [--key KEY]
@@ -19,6 +21,16 @@ commands:
   wait <executionId> [--timeout SECONDS]
   list [--status STATUS] [--definition NAME] [--limit N]
   definitions apply <file> | definitions get <name> [--version N] | definitions list
+  cron create <definitionUri> <version> '<expr>' [--tz ZONE] [--id ID] [--inputs JSON]
+       [--dst-gap skip|shift-to-gap-end|shift-by-gap] [--dst-fold first|second|both]
+       [--missed skip|latest|all] [--catch-up-window SECONDS]
+       [--overlap allow|skip|buffer-one|buffer-all|cancel-previous] [--pause-on-failure]
+       [--jitter SECONDS] [--start RFC3339] [--end RFC3339] [--runs N] [--notes TEXT] [--paused]
+  cron get <id> | cron list [--limit N] | cron delete <id> | cron pause <id>
+  cron resume <id> [--catch-up] | cron runs <id> [--limit N]
+  cron update <id> [--expression E] [--tz ZONE] [--inputs JSON] [--version N] [--overlap P] ...
+  cron preview '<expr>' [--tz ZONE] [--from RFC3339] [--until RFC3339] [--dst-gap P] [--dst-fold P]
+  cron backfill <id> --from RFC3339 --until RFC3339 [--overlap P]
   nodes | shards [--space executions|cron] | stats [--all] | quarantined [--limit N]
   bench <s1|s2|s3|s4|s5> [options]   (load generator: kairosctl bench --help)
   --version
@@ -326,6 +338,7 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 ))),
             }
         }
+        "cron" => cron::run(client, o, args).await,
         "nodes" => {
             let nodes = client.nodes().await?;
             if o.json {

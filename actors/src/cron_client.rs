@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use kairos_layer::ops::cron::round::{Executions, ExecutionsError, Materialization, Submitted};
 use kairos_proto::storage::v1::ExecutionStatus;
-use kairos_proto::v1::execution_service_server::ExecutionServiceServer;
-use kairos_proto::v1::{SubmitRequest, submit_batch_item, submit_request};
+use kairos_proto::v1::execution_service_server::{ExecutionService, ExecutionServiceServer};
+use kairos_proto::v1::*;
 use kairos_sdk::Client;
 use tonic::codegen::tokio_stream;
 use tonic::transport::{Endpoint, Uri};
+use tonic::{Request, Response, Status};
 
 use crate::api::grpc::Api;
 use crate::node::Node;
@@ -28,12 +29,11 @@ pub fn in_process_client(slot: NodeSlot) -> Client {
     let connector = tower::service_fn(move |_: Uri| {
         let slot = slot.clone();
         async move {
-            let node = slot
-                .get()
-                .and_then(|find| find())
-                .ok_or_else(|| std::io::Error::other("the node has stopped"))?;
+            if slot.get().and_then(|find| find()).is_none() {
+                return Err(std::io::Error::other("the node has stopped"));
+            }
             let (client_io, server_io) = tokio::io::duplex(256 * 1024);
-            let api = Api::new(node);
+            let api = ViaSlot(slot);
             tokio::spawn(async move {
                 let incoming = tokio_stream::once(Ok::<_, std::io::Error>(server_io));
                 let served = tonic::transport::Server::builder()
@@ -50,6 +50,46 @@ pub fn in_process_client(slot: NodeSlot) -> Client {
     let channel =
         Endpoint::from_static("http://in-process.kairos").connect_with_connector_lazy(connector);
     Client::from_channel(channel).with_timeout(CALL_TIMEOUT)
+}
+
+/// The node's executions service, reached through the slot on every call: the connection never
+/// holds the node itself (the node holds the client, so that would be a cycle keeping a stopped
+/// node alive).
+#[derive(Clone)]
+struct ViaSlot(NodeSlot);
+
+impl ViaSlot {
+    fn api(&self) -> Result<Api, Status> {
+        self.0
+            .get()
+            .and_then(|find| find())
+            .map(Api::new)
+            .ok_or_else(|| Status::unavailable("the node has stopped"))
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl ExecutionService for ViaSlot {
+    async fn submit(&self, r: Request<SubmitRequest>) -> Reply<SubmitResponse> {
+        ExecutionService::submit(&self.api()?, r).await
+    }
+    async fn submit_batch(&self, r: Request<SubmitBatchRequest>) -> Reply<SubmitBatchResponse> {
+        ExecutionService::submit_batch(&self.api()?, r).await
+    }
+    async fn get(&self, r: Request<GetExecutionRequest>) -> Reply<GetExecutionResponse> {
+        ExecutionService::get(&self.api()?, r).await
+    }
+    async fn cancel(&self, r: Request<ExecutionRef>) -> Reply<CancelResponse> {
+        ExecutionService::cancel(&self.api()?, r).await
+    }
+    async fn list(&self, r: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
+        ExecutionService::list(&self.api()?, r).await
+    }
+    async fn replay(&self, r: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
+        ExecutionService::replay(&self.api()?, r).await
+    }
 }
 
 /// The executions API through an SDK client.

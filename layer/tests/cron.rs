@@ -366,3 +366,32 @@ async fn cancel_previous_cancels_an_unfinished_execution() {
     let runs = c.runs("cp").await;
     assert_eq!(runs, [(o, ExecutionStatus::Cancelled), (o + MIN, ExecutionStatus::Scheduled)]);
 }
+
+#[tokio::test]
+async fn runs_complete_a_job_and_an_update_gives_it_more() {
+    let c = cron_world().await;
+    let s = &c.w.sched;
+    let mut sp = spec("twice", "* * * * *");
+    sp.policies.as_mut().unwrap().overlap = "allow".into();
+    sp.remaining_runs = Some(2);
+    let (job, _) = s.create_cron_job(sp, false).await.unwrap();
+    let zero = CronJob { remaining_runs: Some(0), ..spec("zero", "* * * * *") };
+    assert!(
+        matches!(s.create_cron_job(zero, false).await, Err(Error::InvalidArgument { field, .. }) if field == "remainingRuns")
+    );
+    for k in 0..3 {
+        let at = job.next_run_at_ms + k * MIN - LOOKAHEAD;
+        c.w.clock.set(kairos_layer::env::Timestamp::from_millis(at));
+        c.run_due().await;
+    }
+    let done = s.get_cron_job(NS, "twice").await.unwrap();
+    assert_eq!(done.status(), CronStatus::Completed);
+    assert_eq!(c.runs("twice").await.len(), 2);
+    // A completed job can still be changed: two more runs.
+    let patch = CronPatch { remaining_runs: Some(2), ..CronPatch::default() };
+    let again = s.update_cron_job(NS, "twice", patch).await.unwrap();
+    assert_eq!(again.status(), CronStatus::Active);
+    c.w.clock.set(kairos_layer::env::Timestamp::from_millis(again.next_run_at_ms - LOOKAHEAD));
+    assert_eq!(c.run_due().await, 1);
+    c.check_timers().await;
+}

@@ -209,6 +209,9 @@ impl Scheduler {
         }
         spec.policies = Some(spec.policies.take().unwrap_or_default());
         spec::check_id(&spec.id)?;
+        if spec.remaining_runs == Some(0) {
+            return Err(invalid("remainingRuns", "must be positive (absent = unlimited)"));
+        }
         super::submit::check_name("namespace", &spec.namespace)?;
         let print = spec_fingerprint(&spec);
         let spec = &spec;

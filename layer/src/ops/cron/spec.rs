@@ -132,9 +132,6 @@ pub fn check_job(job: &CronJob, def: &JobDefinition, now_ms: i64) -> Result<(Sch
     if job.end_at_ms != 0 && job.end_at_ms <= job.start_at_ms {
         return Err(invalid("endAt", "must be after startAt"));
     }
-    if job.remaining_runs == Some(0) {
-        return Err(invalid("remainingRuns", "must be positive (absent = unlimited)"));
-    }
     if job.notes.len() > CRON_NOTES_BYTES_MAX {
         return Err(invalid("notes", format!("is over {CRON_NOTES_BYTES_MAX} bytes")));
     }

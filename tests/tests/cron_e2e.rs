@@ -246,7 +246,7 @@ fn a_per_second_schedule_survives_a_sigkill_without_losing_or_doubling_an_occurr
 
     let runs = ticks(http);
     let secs: Vec<i64> = runs.keys().map(|k| chrono_free_secs(k)).collect();
-    assert!(secs.len() >= 8, "{} occurrences", secs.len());
+    assert!(secs.len() >= 6, "{} occurrences", secs.len());
     for w in secs.windows(2) {
         assert_eq!(w[1] - w[0], 1, "an occurrence lost between {} and {}", w[0], w[1]);
     }

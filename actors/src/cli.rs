@@ -24,7 +24,8 @@ use kairos_layer::kv::Database;
 const USAGE: &str = "usage: kairos --version
        kairos worker --queue QUEUE [--endpoint URL] [--namespace NS] [--concurrency N] [--worker-id ID]
        kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
-[--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER]";
+[--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER] \
+[--store-cache-mib N] [--new-store]";
 
 /// Runs the `kairos` command line with the process arguments.
 pub fn main() -> anyhow::Result<()> {
@@ -134,6 +135,11 @@ fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {
             "--backend" => "backend",
             "--shard-count" => "shard_count",
             "--log" => "log",
+            "--store-cache-mib" => "store_cache_mib",
+            "--new-store" => {
+                config.set("new_store", "true")?;
+                continue;
+            }
             other => bail!("unknown flag `{other}`\n{USAGE}"),
         };
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
@@ -163,8 +169,18 @@ fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::R
     Ok(match config.backend {
         Backend::Embedded => {
             let path = config.data_dir.join("kv.redb");
-            kairos_layer::kv::embedded::EmbeddedDatabase::open_database(&path, clock, rng)
-                .with_context(|| format!("opening the embedded store {}", path.display()))?
+            check_store_exists(config, &path)?;
+            let options = kairos_layer::kv::embedded::EmbeddedOptions {
+                cache_bytes: usize::try_from(config.store_cache_mib * 1024 * 1024)
+                    .unwrap_or(usize::MAX),
+                ..Default::default()
+            };
+            let db = kairos_layer::kv::embedded::EmbeddedDatabase::open_database_with(
+                &path, clock, rng, options,
+            )
+            .with_context(|| format!("opening the embedded store {}", path.display()))?;
+            mark_store_created(config)?;
+            db
         }
         Backend::Memory => kairos_layer::kv::memory::MemoryDatabase::open(
             clock,
@@ -183,6 +199,43 @@ fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::R
             "backend fdb: this binary was built without the `fdb` feature (cargo build --features fdb)"
         ),
     })
+}
+
+/// The marker a data directory keeps once it held a store.
+const STORE_MARKER: &str = "store-created";
+
+/// Refuses to start on a data directory whose store existed and is now missing or empty
+/// (deleted, truncated, a volume not mounted): that would silently be a new, empty cluster.
+fn check_store_exists(config: &NodeConfig, store: &Path) -> anyhow::Result<()> {
+    let marker = config.data_dir.join(STORE_MARKER);
+    let Ok(created) = std::fs::read_to_string(&marker) else { return Ok(()) };
+    let size = std::fs::metadata(store).map(|m| m.len()).ok();
+    if size.is_some_and(|s| s > 0) || config.new_store {
+        return Ok(());
+    }
+    let what = if size.is_none() { "is missing" } else { "is empty" };
+    bail!(
+        "the store {} {what}, but this data directory held one ({}: {}).\n\
+         Restore kv.redb from a backup, or start with --new-store to begin a new, empty cluster \
+         here (what the old store held is lost).",
+        store.display(),
+        marker.display(),
+        created.trim()
+    )
+}
+
+/// Records that the data directory now holds a store.
+fn mark_store_created(config: &NodeConfig) -> anyhow::Result<()> {
+    let marker = config.data_dir.join(STORE_MARKER);
+    if config.new_store || !marker.exists() {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let now = crate::api::json::rfc3339(ms).unwrap_or_default();
+        std::fs::write(&marker, format!("store created {now} by kairos {}\n", crate::VERSION))
+            .with_context(|| format!("writing {}", marker.display()))?;
+    }
+    Ok(())
 }
 
 async fn run(mut config: NodeConfig) -> anyhow::Result<()> {

@@ -76,6 +76,12 @@ pub struct NodeConfig {
     pub queue_concurrency: BTreeMap<String, usize>,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
     pub log: String,
+    /// The embedded store's page cache, in MiB (memory the store may use beyond the node).
+    pub store_cache_mib: u64,
+    /// Create a new, empty store even though the data directory shows that one existed (its
+    /// `store-created` marker) and it is now missing or empty. Off by default: a vanished
+    /// store is refused rather than silently replaced by an empty cluster.
+    pub new_store: bool,
 }
 
 impl Default for NodeConfig {
@@ -104,6 +110,8 @@ impl Default for NodeConfig {
             poll_wait_max_ms: 60_000,
             queue_concurrency: BTreeMap::new(),
             log: "info".into(),
+            store_cache_mib: 128,
+            new_store: false,
         }
     }
 }
@@ -193,6 +201,14 @@ impl NodeConfig {
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
             "log" => self.log = value.to_string(),
+            "store_cache_mib" => self.store_cache_mib = num(value)?,
+            "new_store" => {
+                self.new_store = match value {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    other => return Err(bad(setting, format!("{other:?} is not true or false"))),
+                }
+            }
             other => return Err(bad(other, "unknown setting")),
         }
         Ok(())
@@ -261,6 +277,9 @@ impl NodeConfig {
         }
         if self.poll_interval_ms == 0 || self.poll_interval_ms > self.window_ms {
             return Err(bad("poll_interval_ms", "must be between 1 and window_ms"));
+        }
+        if !(8..=65_536).contains(&self.store_cache_mib) {
+            return Err(bad("store_cache_mib", "must be between 8 and 65536"));
         }
         if self.fire_batch == 0 || self.fire_batch > 1_000 {
             return Err(bad("fire_batch", "must be between 1 and 1000"));

@@ -94,6 +94,11 @@ pub struct Metrics {
     pub supervisors: AtomicI64,
     /// Actor restarts by the node supervisor.
     pub actor_restarts: AtomicU64,
+    /// The embedded store's configured page cache, in bytes (0 for other backends).
+    pub store_cache_bytes: AtomicI64,
+    /// Whether the store accepts writes (1), refuses them for now (0, e.g. its disk is full),
+    /// or has failed for good (-1).
+    pub store_health: AtomicI64,
 }
 
 /// Whether a store error is a conflict (for the conflicts counter).
@@ -228,6 +233,18 @@ impl Metrics {
         let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
+        gauge(
+            &mut out,
+            "kairos_store_cache_bytes",
+            "The embedded store's page cache (store_cache_mib).",
+            self.store_cache_bytes.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "kairos_store_healthy",
+            "1: the store takes writes; 0: it refuses them for now (disk full); -1: it failed.",
+            self.store_health.load(Ordering::Relaxed),
+        );
         gauge(
             &mut out,
             "kairos_shards_owned",

@@ -72,6 +72,11 @@ impl Node {
             reason: "must be set to start a node".into(),
         })?;
         let metrics = Arc::new(Metrics::default());
+        if config.backend == crate::config::Backend::Embedded {
+            let cache = i64::try_from(config.store_cache_mib * 1024 * 1024).unwrap_or(i64::MAX);
+            metrics.store_cache_bytes.store(cache, Ordering::Relaxed);
+        }
+        metrics.store_health.store(1, Ordering::Relaxed);
         let db = db.with_observer(metrics.clone());
         let params = ClusterParams {
             shard_count: config.shard_count,

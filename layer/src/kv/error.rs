@@ -67,6 +67,9 @@ pub enum Error {
     /// 9002: the storage engine failed (I/O error, corruption); the message says which.
     #[error("storage_error (9002): {0}")]
     Storage(String),
+    /// 9003: the store's disk is full: writes are refused until space returns (reads go on).
+    #[error("storage_full (9003): {0}")]
+    StorageFull(String),
     /// Any other FoundationDB error, passed through by the `fdb` backend.
     #[error("fdb error ({code}): {message}")]
     Other {
@@ -98,6 +101,7 @@ impl Error {
             Error::ValueTooLarge { .. } => 2103,
             Error::DatabaseClosed => 9001,
             Error::Storage(_) => 9002,
+            Error::StorageFull(_) => 9003,
             Error::Other { code, .. } => *code,
         }
     }

@@ -128,6 +128,26 @@ impl std::fmt::Debug for Watch {
     }
 }
 
+/// Whether a store can do its work, as its backend sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StoreHealth {
+    /// Reads and writes work.
+    #[default]
+    Healthy,
+    /// Writes are refused for now (e.g. the disk is full); reads work; writes resume by
+    /// themselves when the cause goes away.
+    WritesRefused {
+        /// Why.
+        reason: String,
+    },
+    /// The store failed for good (e.g. the engine found its file damaged): every operation
+    /// fails; the node must stop and an operator look (`kairos check`).
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
 /// A database backend.
 ///
 /// # Contract
@@ -144,6 +164,10 @@ pub trait KvDatabase: Send + Sync + 'static {
     /// Closes the database: new transactions fail, pending watches fail with `DatabaseClosed`,
     /// commits already acknowledged stay durable.
     fn close(&self) -> BoxFuture<'_, ()>;
+    /// Whether the store can do its work now.
+    fn health(&self) -> StoreHealth {
+        StoreHealth::Healthy
+    }
 }
 
 /// One transaction of a [`KvDatabase`].
@@ -252,6 +276,11 @@ impl Database {
     /// Closes the database; see [`KvDatabase::close`].
     pub async fn close(&self) {
         self.inner.close().await
+    }
+
+    /// Whether the store can do its work now; see [`StoreHealth`].
+    pub fn health(&self) -> StoreHealth {
+        self.inner.health()
     }
 }
 

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use redb::{ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
+use super::engine::{Engine, classify, needs_reopen};
 use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
@@ -18,7 +19,7 @@ use crate::kv::local::mutation::{
 use crate::kv::local::resolver::Resolver;
 use crate::kv::local::watch::Watches;
 use crate::kv::local::{ActiveReads, CommitRequest};
-use crate::kv::{CommitInfo, Versionstamp};
+use crate::kv::{CommitInfo, StoreHealth, Versionstamp};
 
 pub(crate) struct Job {
     pub req: CommitRequest,
@@ -26,7 +27,7 @@ pub(crate) struct Job {
 }
 
 pub(crate) struct Committer {
-    db: Arc<redb::Database>,
+    engine: Arc<Engine>,
     clock: SharedClock,
     watches: Arc<Watches>,
     stats: Arc<EmbeddedStats>,
@@ -44,8 +45,8 @@ struct TableTarget<'a, 't> {
 /// the next change of their keys).
 fn tracing_free_warn(_: &Error) {}
 
-fn storage(e: impl std::fmt::Display) -> Error {
-    Error::Storage(format!("write: {e}"))
+fn storage(e: impl Into<redb::Error>) -> Error {
+    classify("write", e)
 }
 
 impl ApplyTarget for TableTarget<'_, '_> {
@@ -67,7 +68,7 @@ impl ApplyTarget for TableTarget<'_, '_> {
 impl Committer {
     fn revalidate_watches(&self) {
         let read = || -> Result<redb::ReadOnlyTable<&'static [u8], &'static [u8]>> {
-            let r = self.db.begin_read().map_err(storage)?;
+            let r = self.engine.current()?.begin_read().map_err(storage)?;
             r.open_table(DATA).map_err(storage)
         };
         match read() {
@@ -79,17 +80,27 @@ impl Committer {
     }
 
     pub(crate) fn new(
-        db: Arc<redb::Database>,
+        engine: Arc<Engine>,
         clock: SharedClock,
         watches: Arc<Watches>,
         stats: Arc<EmbeddedStats>,
         version: u64,
         (active, published): (Arc<ActiveReads>, Arc<AtomicU64>),
     ) -> Self {
-        Committer { db, clock, watches, stats, resolver: Resolver::new(version), active, published }
+        Committer {
+            engine,
+            clock,
+            watches,
+            stats,
+            resolver: Resolver::new(version),
+            active,
+            published,
+        }
     }
 
-    /// Serves commits until every sender is dropped.
+    /// Serves commits until every sender is dropped. A panic inside the engine (a damaged
+    /// file) is contained: the store is marked failed, and every later commit is refused with
+    /// the reason instead of hanging.
     pub(crate) fn run(mut self, jobs: Receiver<Job>) {
         while let Ok(first) = jobs.recv() {
             let mut batch = vec![first];
@@ -99,16 +110,49 @@ impl Committer {
                     Err(_) => break,
                 }
             }
-            self.commit_batch(batch);
+            if let StoreHealth::Failed { reason } = self.engine.health() {
+                for job in batch {
+                    let _ = job.reply.send(Err(Error::Storage(reason.clone())));
+                }
+                continue;
+            }
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit_batch(batch)));
+            if let Err(panic) = outcome {
+                // The batch's replies were dropped with the unwinding: their callers see an
+                // unknown result and retry, and get the reason below.
+                let what = panic_message(&panic);
+                self.engine.set_health(StoreHealth::Failed {
+                    reason: format!(
+                        "the storage engine failed ({what}): the store may be damaged; stop the \
+                         node and run `kairos check`"
+                    ),
+                });
+            }
         }
     }
 
     fn commit_batch(&mut self, batch: Vec<Job>) {
+        // A full disk is refused before the engine sees it (the engine stays usable for reads);
+        // an engine closed by an earlier I/O error is re-opened first.
+        let ready = self
+            .engine
+            .check_space()
+            .and_then(|()| if self.engine.is_open() { Ok(()) } else { self.engine.reopen() });
+        if let Err(e) = ready {
+            let reason = format!("writes refused: {e}");
+            self.engine.set_health(StoreHealth::WritesRefused { reason });
+            for job in batch {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+            return;
+        }
         let mut accepted: Vec<(oneshot::Sender<Result<CommitInfo>>, CommitInfo)> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
         let collected = self.watches.any();
         let outcome = (|| -> Result<()> {
-            let mut w = self.db.begin_write().map_err(storage)?;
+            let db = self.engine.current()?;
+            let mut w = db.begin_write().map_err(storage)?;
             // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
             // over the whole file (redb then writes its allocator state with each commit).
             w.set_quick_repair(true);
@@ -153,6 +197,9 @@ impl Committer {
         })();
         match outcome {
             Ok(()) => {
+                if !accepted.is_empty() {
+                    self.engine.set_health(StoreHealth::Healthy);
+                }
                 self.published.store(self.resolver.version(), Ordering::SeqCst);
                 if !accepted.is_empty() {
                     self.stats.engine_commits.fetch_add(1, Ordering::Relaxed);
@@ -174,10 +221,38 @@ impl Committer {
             Err(e) => {
                 // Nothing of this batch is durable: the redb transaction was not committed.
                 // Its writes stay in the conflict history, which only costs spurious conflicts.
+                // The health is set before anyone hears of the failure (a caller that sees the
+                // error and asks for the health finds the reason).
+                let reopen = needs_reopen(&e);
+                if reopen {
+                    self.refuse_writes(&e);
+                }
                 for (reply, _) in accepted {
                     let _ = reply.send(Err(e.clone()));
+                }
+                if reopen {
+                    // Nothing of the failed batch was made durable: the store is where it was.
+                    // If it cannot be opened now (opening writes too), the next reader or
+                    // batch tries again.
+                    let _ = self.engine.reopen();
                 }
             }
         }
     }
+
+    /// After an I/O error: writes are refused (with the reason) until a commit succeeds again.
+    fn refuse_writes(&self, e: &Error) {
+        let reason = match e {
+            Error::StorageFull(m) => format!("writes refused: {m}"),
+            other => format!("writes refused: {other}"),
+        };
+        self.engine.set_health(StoreHealth::WritesRefused { reason });
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }

@@ -11,6 +11,7 @@
 //! written with redb's *quick repair* (ADR 0001). No write-ahead log of our own.
 
 mod committer;
+mod engine;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +23,7 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use self::committer::{Committer, Job};
+use self::engine::Engine;
 use super::error::{Error, Result};
 use super::local::watch::{WatchSender, Watches};
 use super::local::{ActiveReads, CommitRequest, LocalStore, LocalTransaction, Snapshot};
@@ -33,8 +35,28 @@ pub(crate) const DATA: TableDefinition<'static, &'static [u8], &'static [u8]> =
 pub(crate) const META: TableDefinition<'static, &'static str, u64> = TableDefinition::new("meta");
 pub(crate) const META_VERSION: &str = "version";
 
-/// redb's page cache (its default, 1 GiB, is more than a node should take by default).
-pub const CACHE_BYTES: usize = 256 * 1024 * 1024;
+/// redb's page cache by default (redb's own default, 1 GiB, is more than a node should take).
+pub const CACHE_BYTES: usize = 128 * 1024 * 1024;
+
+/// Settings of the embedded store.
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// redb's page cache, in bytes: what the store may keep in memory beyond the node itself.
+    pub cache_bytes: usize,
+    /// Fault injection for tests: while set, the file system reports no free space (the
+    /// ordinary full disk, caught before the engine). `None` in production.
+    pub disk_full: Option<Arc<AtomicBool>>,
+    /// Fault injection for tests: while set, every write to the file fails with ENOSPC although
+    /// the space check saw room (space gone between the check and the write). `None` in
+    /// production.
+    pub disk_writes_fail: Option<Arc<AtomicBool>>,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions { cache_bytes: CACHE_BYTES, disk_full: None, disk_writes_fail: None }
+    }
+}
 
 /// Most transactions written by one engine commit (one fsync).
 pub const GROUP_COMMIT_TRANSACTIONS_MAX: usize = 8_192;
@@ -60,7 +82,7 @@ impl EmbeddedStats {
 }
 
 struct Shared {
-    db: Arc<redb::Database>,
+    engine: Arc<Engine>,
     clock: SharedClock,
     watches: Arc<Watches>,
     jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
@@ -92,17 +114,24 @@ fn storage<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Error {
 impl EmbeddedDatabase {
     /// Opens (or creates) the store at `path` (a file), recovering the last durable commit.
     pub fn open(path: impl AsRef<Path>, clock: SharedClock) -> Result<Self> {
+        Self::open_with(path, clock, EmbeddedOptions::default())
+    }
+
+    /// [`open`](Self::open) with settings.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        clock: SharedClock,
+        options: EmbeddedOptions,
+    ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 Error::Storage(format!("cannot create directory {}: {e}", dir.display()))
             })?;
         }
-        let db = redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
-            .create(&path)
-            .map_err(|e| Error::Storage(format!("cannot open {}: {e}", path.display())))?;
+        let engine = Arc::new(Engine::open(path.clone(), options)?);
         let version = {
+            let db = engine.current()?;
             let w = db.begin_write().map_err(storage("begin write"))?;
             let version = {
                 w.open_table(DATA).map_err(storage("open table"))?;
@@ -112,14 +141,13 @@ impl EmbeddedDatabase {
             w.commit().map_err(storage("commit"))?;
             version
         };
-        let db = Arc::new(db);
         let watches = Arc::new(Watches::default());
         let stats = Arc::new(EmbeddedStats::default());
         let (tx, rx) = std::sync::mpsc::channel();
         let active = Arc::new(ActiveReads::default());
         let published = Arc::new(AtomicU64::new(version));
         let committer = Committer::new(
-            db.clone(),
+            engine.clone(),
             clock.clone(),
             watches.clone(),
             stats.clone(),
@@ -131,7 +159,7 @@ impl EmbeddedDatabase {
             .spawn(move || committer.run(rx))
             .map_err(|e| Error::Storage(format!("cannot start the committer thread: {e}")))?;
         let shared = Arc::new(Shared {
-            db,
+            engine,
             clock,
             watches,
             jobs: Mutex::new(Some(tx)),
@@ -147,7 +175,17 @@ impl EmbeddedDatabase {
 
     /// Opens the store at `path` and wraps it in a [`Database`] handle.
     pub fn open_database(path: impl AsRef<Path>, clock: SharedClock, rng: Rng) -> Result<Database> {
-        let edb = EmbeddedDatabase::open(path, clock.clone())?;
+        Self::open_database_with(path, clock, rng, EmbeddedOptions::default())
+    }
+
+    /// [`open_database`](Self::open_database) with settings.
+    pub fn open_database_with(
+        path: impl AsRef<Path>,
+        clock: SharedClock,
+        rng: Rng,
+        options: EmbeddedOptions,
+    ) -> Result<Database> {
+        let edb = EmbeddedDatabase::open_with(path, clock.clone(), options)?;
         Ok(Database::new(Arc::new(edb), clock, rng))
     }
 
@@ -167,6 +205,25 @@ struct Store(Arc<Shared>);
 struct RedbSnapshot {
     table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     version: u64,
+    engine: Arc<Engine>,
+}
+
+impl RedbSnapshot {
+    /// Runs a read of the engine, containing a panic (a damaged file): the store is marked
+    /// failed and the read fails with the reason, instead of the panic killing the caller.
+    fn guarded<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(r) => r,
+            Err(_) => {
+                let reason = format!(
+                    "the storage engine failed in a {what}: the store may be damaged; stop the \
+                     node and run `kairos check`"
+                );
+                self.engine.set_health(crate::kv::StoreHealth::Failed { reason: reason.clone() });
+                Err(Error::Storage(reason))
+            }
+        }
+    }
 }
 
 impl Snapshot for RedbSnapshot {
@@ -175,11 +232,25 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        let v = self.table.get(key).map_err(storage("read"))?;
-        Ok(v.map(|g| Bytes::copy_from_slice(g.value())))
+        self.guarded("read", || {
+            let v = self.table.get(key).map_err(storage("read"))?;
+            Ok(v.map(|g| Bytes::copy_from_slice(g.value())))
+        })
     }
 
     fn scan(
+        &self,
+        begin: &[u8],
+        end: &[u8],
+        reverse: bool,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        self.guarded("range read", || self.scan_unguarded(begin, end, reverse, visit))
+    }
+}
+
+impl RedbSnapshot {
+    fn scan_unguarded(
         &self,
         begin: &[u8],
         end: &[u8],
@@ -226,12 +297,13 @@ impl LocalStore for Store {
         if self.0.closed.load(Ordering::Acquire) {
             return Err(Error::DatabaseClosed);
         }
-        let r = self.0.db.begin_read().map_err(storage("begin read"))?;
+        let db = self.0.engine.current()?;
+        let r = db.begin_read().map_err(storage("begin read"))?;
         let table = r.open_table(DATA).map_err(storage("open table"))?;
         let meta = r.open_table(META).map_err(storage("open table"))?;
         let version =
             meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value());
-        Ok(Arc::new(RedbSnapshot { table, version }))
+        Ok(Arc::new(RedbSnapshot { table, version, engine: self.0.engine.clone() }))
     }
 
     fn commit(&self, req: CommitRequest) -> BoxFuture<'static, Result<CommitInfo>> {
@@ -264,6 +336,10 @@ impl KvDatabase for EmbeddedDatabase {
 
     fn backend_name(&self) -> &'static str {
         "embedded"
+    }
+
+    fn health(&self) -> crate::kv::StoreHealth {
+        self.shared.engine.health()
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {

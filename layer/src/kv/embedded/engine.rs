@@ -1,0 +1,313 @@
+//! The redb engine under the embedded backend, and what happens when its disk fails it.
+//!
+//! **A full disk** is caught before it reaches the engine: each group commit first checks the
+//! file system's free space, and below a reserve (64 MiB) the batch is refused with
+//! `StorageFull` — the engine is untouched, reads go on, and the first batch after space returns
+//! commits, with no restart. If an I/O error reaches redb anyway (space gone between the check
+//! and the write, a quota, a failing device), redb refuses every later operation until it is
+//! re-opened ("previous I/O error"), so the handle is swappable: the committer answers the
+//! batch with the error, marks the store as refusing writes and re-opens the engine (at once,
+//! or with the next batch if opening needs space too). **A panic inside the engine** (a damaged
+//! file) marks the store failed for good: every later operation fails with the reason, and the
+//! node reports it and stops.
+
+// The engine waits on the operating system (file locks held by the last readers of a closed
+// handle), not on scheduling time: real time, outside the simulation (which runs on the memory
+// backend).
+#![allow(clippy::disallowed_methods)]
+
+use std::io;
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use redb::StorageBackend;
+
+use super::EmbeddedOptions;
+use crate::kv::StoreHealth;
+use crate::kv::error::{Error, Result};
+
+/// The swappable engine handle, its settings and its health.
+pub(crate) struct Engine {
+    db: RwLock<Option<Arc<redb::Database>>>,
+    /// Signalled when a re-open finishes (readers wait for it briefly instead of failing).
+    reopened: (Mutex<()>, std::sync::Condvar),
+    /// Held by whoever is re-opening the engine.
+    reopening: Mutex<()>,
+    path: PathBuf,
+    options: EmbeddedOptions,
+    health: Mutex<StoreHealth>,
+}
+
+/// How long a reader waits for a re-open in progress before failing.
+const REOPEN_WAIT: Duration = Duration::from_secs(2);
+
+/// Free space the store keeps in reserve: below it, commits are refused as if the disk were
+/// full (a commit may need several times its own size: copy-on-write pages, allocator state).
+pub const FREE_SPACE_RESERVE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Whether an I/O error says the disk is full.
+fn is_disk_full(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(28)
+}
+
+/// How an engine I/O error's message starts (after it, redb must be re-opened).
+const IO_ERROR: &str = "I/O error";
+
+/// A redb error as the KV layer's: ENOSPC is `StorageFull`; other I/O errors are `Storage`
+/// starting with [`IO_ERROR`]; anything else `Storage`.
+pub(crate) fn classify(what: &str, e: impl Into<redb::Error>) -> Error {
+    let e: redb::Error = e.into();
+    match &e {
+        redb::Error::Io(io) if is_disk_full(io) => {
+            Error::StorageFull(format!("{what}: the disk is full ({io})"))
+        }
+        redb::Error::Io(_) | redb::Error::PreviousIo => {
+            Error::Storage(format!("{IO_ERROR} in {what}: {e}"))
+        }
+        _ => Error::Storage(format!("{what}: {e}")),
+    }
+}
+
+/// Whether an error came from the engine's I/O (after which redb must be re-opened).
+pub(crate) fn needs_reopen(e: &Error) -> bool {
+    match e {
+        Error::StorageFull(_) => true,
+        Error::Storage(m) => m.starts_with(IO_ERROR),
+        _ => false,
+    }
+}
+
+impl Engine {
+    /// Opens the engine at `path`.
+    pub(crate) fn open(path: PathBuf, options: EmbeddedOptions) -> Result<Engine> {
+        let engine = Engine {
+            db: RwLock::new(None),
+            reopened: (Mutex::new(()), std::sync::Condvar::new()),
+            reopening: Mutex::new(()),
+            path,
+            options,
+            health: Mutex::new(StoreHealth::Healthy),
+        };
+        let db = engine.open_db()?;
+        *engine.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(db));
+        Ok(engine)
+    }
+
+    fn open_db(&self) -> Result<redb::Database> {
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(self.options.cache_bytes);
+        let opened = match &self.options.disk_writes_fail {
+            None => builder.create(&self.path),
+            Some(full) => {
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&self.path)
+                    .map_err(|e| {
+                        Error::Storage(format!("cannot open {}: {e}", self.path.display()))
+                    })?;
+                let inner = redb::backends::FileBackend::new(file).map_err(|e| {
+                    Error::Storage(format!("cannot open {}: {e}", self.path.display()))
+                })?;
+                builder.create_with_backend(FaultyDisk { inner, full: full.clone() })
+            }
+        };
+        opened.map_err(|e| match &e {
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(io) => {
+                Error::StorageFull(format!(
+                    "cannot open {}: the disk is full ({io})",
+                    self.path.display()
+                ))
+            }
+            _ => Error::Storage(format!("cannot open {}: {e}", self.path.display())),
+        })
+    }
+
+    /// The engine, or why it is not available now. While a re-open is under way (milliseconds,
+    /// once the last transactions of the failed batch let go), waits for it up to 2 s.
+    pub(crate) fn current(&self) -> Result<Arc<redb::Database>> {
+        let deadline = std::time::Instant::now() + REOPEN_WAIT;
+        loop {
+            if let StoreHealth::Failed { reason } = self.health() {
+                return Err(Error::Storage(reason));
+            }
+            if let Some(db) = &*self.db.read().unwrap_or_else(|e| e.into_inner()) {
+                return Ok(db.clone());
+            }
+            // Closed after an I/O error and not re-opened yet (opening needed space too): try
+            // once more now, so reads and the next commit find it open when space is back.
+            if let Ok(_only_one) = self.reopening.try_lock()
+                && self.db.read().unwrap_or_else(|e| e.into_inner()).is_none()
+            {
+                match self.open_db() {
+                    Ok(db) => {
+                        *self.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(db));
+                        continue;
+                    }
+                    // Still no room to open: say so now rather than wait.
+                    Err(e @ Error::StorageFull(_)) => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::Storage("the store is re-opening after a write error".into()));
+            }
+            let guard = self.reopened.0.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self
+                .reopened
+                .1
+                .wait_timeout(guard, (deadline - now).min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Whether the file system has room for a commit: `StorageFull` below the reserve (or while
+    /// the test fault is set).
+    pub(crate) fn check_space(&self) -> Result<()> {
+        if self.options.disk_full.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+            return Err(Error::StorageFull(format!(
+                "the disk holding {} is full (injected fault)",
+                self.path.display()
+            )));
+        }
+        match free_bytes(&self.path) {
+            Some(free) if free < FREE_SPACE_RESERVE_BYTES => Err(Error::StorageFull(format!(
+                "the disk holding {} is full: {} MiB free, the store keeps {} MiB in reserve",
+                self.path.display(),
+                free / (1024 * 1024),
+                FREE_SPACE_RESERVE_BYTES / (1024 * 1024)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the engine is open (not waiting for a re-open).
+    pub(crate) fn is_open(&self) -> bool {
+        self.db.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// The store's health.
+    pub(crate) fn health(&self) -> StoreHealth {
+        self.health.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_health(&self, h: StoreHealth) {
+        let mut cur = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        // Failed is final.
+        if !matches!(*cur, StoreHealth::Failed { .. }) {
+            *cur = h;
+        }
+    }
+
+    /// Re-opens the engine after an I/O error: lets go of the handle, waits (about a second at
+    /// most) for the file to be released by the last readers, and opens it again. Nothing was
+    /// committed since the last published version, so the store is where it was. On failure
+    /// the engine stays closed and the next reader or batch tries again.
+    pub(crate) fn reopen(&self) -> Result<()> {
+        let _only_one = self.reopening.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+        let mut pause = Duration::from_millis(5);
+        let mut last = None;
+        for _ in 0..12 {
+            match self.open_db() {
+                Ok(db) => {
+                    *self.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(db));
+                    let _guard = self.reopened.0.lock().unwrap_or_else(|e| e.into_inner());
+                    self.reopened.1.notify_all();
+                    return Ok(());
+                }
+                // Opening needs space too: no use waiting here, the next batch tries again.
+                Err(e @ Error::StorageFull(_)) => return Err(e),
+                // Most likely the last readers of the old handle still hold the file.
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+        Err(last.unwrap_or_else(|| Error::Storage("the store could not be re-opened".into())))
+    }
+}
+
+/// Bytes available to the store's user on the file system holding `path` (its directory when
+/// the file does not exist yet); `None` if the system does not say.
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = if path.exists() { path } else { path.parent()? };
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter that
+    // statvfs fills on success; nothing is read from it on failure.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// A file backend whose writes fail with ENOSPC while `full` is set: the disk-full fault the
+/// tests inject (the real thing needs a small file system the test cannot always mount).
+#[derive(Debug)]
+struct FaultyDisk {
+    inner: redb::backends::FileBackend,
+    full: Arc<AtomicBool>,
+}
+
+impl FaultyDisk {
+    fn check(&self) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        Ok(())
+    }
+}
+
+impl StorageBackend for FaultyDisk {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        if len > self.inner.len()? {
+            self.check()?;
+        }
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> io::Result<()> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_range(s, e)
+    }
+    fn try_lock_shared_range(
+        &self,
+        s: Bound<u64>,
+        e: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_shared_range(s, e)
+    }
+    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.inner.lock_range(s, e)
+    }
+    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.inner.lock_shared_range(s, e)
+    }
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.inner.unlock_range(s, e)
+    }
+    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.inner.query_lock_range(s, e)
+    }
+}

@@ -1,0 +1,113 @@
+//! The embedded store and its disk: a full disk refuses writes with a clear error, keeps reads
+//! working, and resumes by itself when space returns; acknowledged data survives.
+
+#![allow(clippy::disallowed_methods)] // a real file on a real disk, in real time
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kairos_layer::env::{Rng, SharedClock, SystemClock};
+use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions};
+use kairos_layer::kv::{Database, Error, StoreHealth};
+
+async fn put(db: &Database, k: &str, v: &str) -> Result<(), Error> {
+    db.run(|tx| {
+        let (k, v) = (k.to_string(), v.to_string());
+        async move {
+            tx.set(k.as_bytes(), v.as_bytes())?;
+            Ok::<_, Error>(())
+        }
+    })
+    .await
+}
+
+async fn get(db: &Database, k: &str) -> Result<Option<String>, Error> {
+    let tx = db.begin()?;
+    Ok(tx.get(k.as_bytes()).await?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_writes_clearly_and_recovers_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let full = Arc::new(AtomicBool::new(false));
+    let options = EmbeddedOptions { disk_full: Some(full.clone()), ..EmbeddedOptions::default() };
+    let db = EmbeddedDatabase::open_database_with(
+        dir.path().join("kv.redb"),
+        clock,
+        Rng::seeded(1),
+        options,
+    )
+    .unwrap();
+    for i in 0..50 {
+        put(&db, &format!("k{i}"), "v").await.unwrap();
+    }
+    assert_eq!(db.health(), StoreHealth::Healthy);
+
+    full.store(true, Ordering::SeqCst);
+    let t = std::time::Instant::now();
+    let e = put(&db, "late", "v").await.unwrap_err();
+    assert!(matches!(e, Error::StorageFull(_)), "a clear error, not a hang: {e}");
+    assert!(e.to_string().contains("is full"), "{e}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "answered at once: {:?}",
+        t.elapsed()
+    );
+    assert!(matches!(db.health(), StoreHealth::WritesRefused { .. }), "{:?}", db.health());
+    // Reads go on; what was acknowledged is there.
+    assert_eq!(get(&db, "k7").await.unwrap().as_deref(), Some("v"));
+    // Writes keep failing fast while the disk is full.
+    for _ in 0..3 {
+        assert!(matches!(put(&db, "late", "v").await, Err(Error::StorageFull(_))));
+    }
+    assert_eq!(get(&db, "late").await.unwrap(), None, "nothing half-written");
+
+    // Space returns: the next write goes through, no restart.
+    full.store(false, Ordering::SeqCst);
+    put(&db, "late", "v2").await.unwrap();
+    assert_eq!(db.health(), StoreHealth::Healthy);
+    assert_eq!(get(&db, "late").await.unwrap().as_deref(), Some("v2"));
+    for i in 0..50 {
+        assert_eq!(get(&db, &format!("k{i}")).await.unwrap().as_deref(), Some("v"), "k{i}");
+    }
+    db.close().await;
+}
+
+/// The rarer case: space runs out between the check and the write, so the engine itself hits
+/// ENOSPC (after which redb must be re-opened). Writes fail clearly and resume without a
+/// restart once space returns; nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enospc_inside_the_engine_is_survived_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let fail = Arc::new(AtomicBool::new(false));
+    let options =
+        EmbeddedOptions { disk_writes_fail: Some(fail.clone()), ..EmbeddedOptions::default() };
+    let db = EmbeddedDatabase::open_database_with(
+        dir.path().join("kv.redb"),
+        clock,
+        Rng::seeded(2),
+        options,
+    )
+    .unwrap();
+    for i in 0..50 {
+        put(&db, &format!("k{i}"), "v").await.unwrap();
+    }
+    fail.store(true, Ordering::SeqCst);
+    let e = put(&db, "late", "v").await.unwrap_err();
+    assert!(matches!(e, Error::StorageFull(_)), "{e}");
+    assert!(matches!(db.health(), StoreHealth::WritesRefused { .. }), "{:?}", db.health());
+    for _ in 0..3 {
+        assert!(put(&db, "late", "v").await.is_err(), "still refused while the disk is full");
+    }
+    fail.store(false, Ordering::SeqCst);
+    // The first batch after space returns re-opens the engine and commits.
+    put(&db, "late", "v2").await.unwrap();
+    assert_eq!(db.health(), StoreHealth::Healthy);
+    assert_eq!(get(&db, "late").await.unwrap().as_deref(), Some("v2"));
+    for i in 0..50 {
+        assert_eq!(get(&db, &format!("k{i}")).await.unwrap().as_deref(), Some("v"), "k{i}");
+    }
+    db.close().await;
+}

@@ -337,7 +337,13 @@ impl Actor for CronShardOwner {
                         myself.stop(Some("ownership lost".into()));
                         return Ok(());
                     }
-                    Err(e) => tracing::warn!(shard = s.shard, error = %e, "cron scan failed"),
+                    Err(e) => {
+                        static LIMIT: crate::log_limit::LogLimit =
+                            crate::log_limit::LogLimit::new(1_000);
+                        if let Some(suppressed) = LIMIT.allow(now) {
+                            tracing::warn!(shard = s.shard, error = %e, suppressed, "cron scan failed");
+                        }
+                    }
                 }
             }
             CronMsg::Done(job, r) => {
@@ -362,7 +368,11 @@ impl Actor for CronShardOwner {
                         return Ok(());
                     }
                     Err(e) => {
-                        tracing::warn!(cron_job = %job.1, error = %e, "cron round failed; retrying");
+                        static LIMIT: crate::log_limit::LogLimit =
+                            crate::log_limit::LogLimit::new(1_000);
+                        if let Some(suppressed) = LIMIT.allow(now) {
+                            tracing::warn!(cron_job = %job.1, error = %e, suppressed, "cron round failed; retrying");
+                        }
                         s.add(now + ROUND_RETRY_MS, job.clone());
                     }
                 }

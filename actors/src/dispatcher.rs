@@ -171,6 +171,15 @@ pub struct DispatcherState {
     watching: BTreeSet<QueueKey>,
     buffers: BTreeMap<QueueKey, Buffer>,
     draining: bool,
+    /// Claims failed in a row (any queue): the retry pause doubles with it and only the 1st,
+    /// 2nd, 4th… failure is logged, so a failing store is neither spun on nor floods the log.
+    claim_failures: u32,
+}
+
+/// The pause before retrying a claim after `failures` failures in a row: 100 ms doubling,
+/// at most 5 s.
+fn claim_retry_pause(failures: u32) -> Duration {
+    Duration::from_millis(100u64 << failures.saturating_sub(1).min(6)).min(Duration::from_secs(5))
 }
 
 impl DispatcherState {
@@ -620,6 +629,7 @@ impl Actor for Dispatcher {
             watching: BTreeSet::new(),
             buffers: BTreeMap::new(),
             draining: false,
+            claim_failures: 0,
         })
     }
 
@@ -732,6 +742,7 @@ impl Actor for Dispatcher {
                 });
                 match result {
                     Ok((claimed, more)) => {
+                        s.claim_failures = 0;
                         if !more && !again {
                             s.maybe_ready.remove(&q); // the queue ran dry
                         }
@@ -747,9 +758,13 @@ impl Actor for Dispatcher {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(namespace = %q.0, queue = %q.1, error = %e, "claim for the dispatch buffer failed; retrying shortly");
+                        s.claim_failures = s.claim_failures.saturating_add(1);
+                        if s.claim_failures.is_power_of_two() {
+                            tracing::warn!(namespace = %q.0, queue = %q.1, error = %e, failures = s.claim_failures, "claim for the dispatch buffer failed; retrying with back-off");
+                        }
                         let retry = DispatcherMsg::Ready { ns: q.0.clone(), queue: q.1.clone() };
-                        send_after(&s.ctx.clock, Duration::from_millis(100), myself.clone(), retry);
+                        let pause = claim_retry_pause(s.claim_failures);
+                        send_after(&s.ctx.clock, pause, myself.clone(), retry);
                     }
                 }
             }
@@ -792,6 +807,7 @@ impl Actor for Dispatcher {
                 let again = s.claiming.remove(&q).unwrap_or(false);
                 match result {
                     Ok((per_slot, more)) => {
+                        s.claim_failures = 0;
                         let ids = slot_ids(&grants);
                         let claimed: usize = per_slot.iter().map(Vec::len).sum();
                         // Unused grants go back (per slot: the tail of each slot's share).
@@ -821,9 +837,13 @@ impl Actor for Dispatcher {
                     }
                     Err(e) => {
                         s.ctx.matchmaker.give_back(&q, grants);
-                        tracing::warn!(namespace = %q.0, queue = %q.1, error = %e, "claim failed; retrying shortly");
+                        s.claim_failures = s.claim_failures.saturating_add(1);
+                        if s.claim_failures.is_power_of_two() {
+                            tracing::warn!(namespace = %q.0, queue = %q.1, error = %e, failures = s.claim_failures, "claim failed; retrying with back-off");
+                        }
                         let retry = DispatcherMsg::Ready { ns: q.0.clone(), queue: q.1.clone() };
-                        send_after(&s.ctx.clock, Duration::from_millis(100), myself.clone(), retry);
+                        let pause = claim_retry_pause(s.claim_failures);
+                        send_after(&s.ctx.clock, pause, myself.clone(), retry);
                     }
                 }
             }

@@ -172,7 +172,11 @@ impl Actor for ExecutionSupervisor {
                     if is_ownership_lost(&e) {
                         myself.stop(Some("ownership lost".into()));
                     } else {
-                        tracing::warn!(execution = %s.timer.execution_id, error = %e, "timer failed; retrying in 1 s");
+                        static LIMIT: crate::log_limit::LogLimit =
+                            crate::log_limit::LogLimit::new(1_000);
+                        if let Some(suppressed) = LIMIT.allow(s.ctx.now_ms()) {
+                            tracing::warn!(execution = %s.timer.execution_id, error = %e, suppressed, "timer failed; retrying in 1 s");
+                        }
                         let at = s.ctx.now_ms() + 1_000;
                         s.act(&myself, Next::SleepUntil(at));
                     }

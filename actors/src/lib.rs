@@ -22,6 +22,7 @@ pub mod cron_owner;
 pub mod dispatcher;
 pub mod execution_supervisor;
 pub mod lease_manager;
+pub mod log_limit;
 pub mod matchmaker;
 pub mod metrics;
 pub mod node;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kairos_layer::env::{Rng, SharedClock};
 use kairos_layer::keys::Keyspace;
-use kairos_layer::kv::Database;
+use kairos_layer::kv::{Database, StoreHealth};
 use std::collections::BTreeMap;
 
 use kairos_layer::ops::claim::Claimed;
@@ -44,6 +44,8 @@ pub enum StartError {
 
 struct Inner {
     ctx: Ctx,
+    /// The store's health, as last seen by the health watch (see [`Node::store_health`]).
+    health: tokio::sync::watch::Receiver<StoreHealth>,
     supervisor: ActorRef<NodeMsg>,
     join: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
@@ -107,7 +109,9 @@ impl Node {
             .await
             .map_err(|e| StartError::Actors(e.to_string()))?;
         tracing::info!(node = %ctx.node_id, shards = ctx.sched.config().shard_count, "node started");
-        let inner = Arc::new(Inner { ctx, supervisor, join: std::sync::Mutex::new(Some(join)) });
+        let health = watch_store_health(&ctx);
+        let inner =
+            Arc::new(Inner { ctx, health, supervisor, join: std::sync::Mutex::new(Some(join)) });
         // The cron service's in-process API client finds the node through a weak reference.
         let weak = Arc::downgrade(&inner);
         let _ = slot.set(Box::new(move || weak.upgrade().map(|inner| Node { inner })));
@@ -131,6 +135,17 @@ impl Node {
     /// The node's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.ctx().metrics
+    }
+
+    /// The store's health: healthy, refusing writes for now (a full disk), or failed for good.
+    pub fn store_health(&self) -> StoreHealth {
+        self.inner.health.borrow().clone()
+    }
+
+    /// A receiver of the store's health changes (the command line stops the node when the
+    /// store fails).
+    pub fn watch_store_health(&self) -> tokio::sync::watch::Receiver<StoreHealth> {
+        self.inner.health.clone()
     }
 
     /// Shards this node currently owns.
@@ -402,4 +417,45 @@ impl Node {
             let _ = j.await;
         }
     }
+}
+
+/// How often the node looks at its store's health.
+const HEALTH_PERIOD: Duration = Duration::from_millis(250);
+
+/// Watches the store's health for as long as the node lives: each change is logged once (a
+/// warning when writes are refused, an error when the store failed, info when it recovers)
+/// and shown in the `kairos_store_healthy` gauge.
+fn watch_store_health(ctx: &Ctx) -> tokio::sync::watch::Receiver<StoreHealth> {
+    let db = ctx.sched.database().clone();
+    let (tx, rx) = tokio::sync::watch::channel(db.health());
+    let (clock, metrics) = (ctx.clock.clone(), ctx.metrics.clone());
+    tokio::spawn(async move {
+        loop {
+            clock.sleep(HEALTH_PERIOD).await;
+            if tx.is_closed() {
+                return; // the node is gone
+            }
+            let now = db.health();
+            if *tx.borrow() == now {
+                continue;
+            }
+            let gauge = match &now {
+                StoreHealth::Healthy => {
+                    tracing::info!("the store takes writes again");
+                    1
+                }
+                StoreHealth::WritesRefused { reason } => {
+                    tracing::warn!(%reason, "the store refuses writes; reads go on");
+                    0
+                }
+                StoreHealth::Failed { reason } => {
+                    tracing::error!(%reason, "the store failed");
+                    -1
+                }
+            };
+            metrics.store_health.store(gauge, Ordering::Relaxed);
+            let _ = tx.send(now);
+        }
+    });
+    rx
 }

@@ -288,8 +288,13 @@ impl Actor for ShardOwner {
                 return Ok(());
             }
             OwnerMsg::Fired(Err(e), at) => {
-                tracing::warn!(shard = state.shard, error = %e, "fire_due failed; retrying at the next poll");
                 state.window.fire_failed(at);
+                let n = state.window.failures().0;
+                // Logged at the 1st, 2nd, 4th, 8th… failure in a row: a failing store shows in
+                // the log without flooding it (the node logs the store's state once).
+                if n.is_power_of_two() {
+                    tracing::warn!(shard = state.shard, error = %e, failures = n, "fire_due failed; retrying with back-off");
+                }
             }
             OwnerMsg::Loaded(Ok((timers, truncated)), until) => {
                 let unsupervised = timers
@@ -300,8 +305,11 @@ impl Actor for ShardOwner {
                 state.window.loaded(unsupervised, until, truncated);
             }
             OwnerMsg::Loaded(Err(e), _) => {
-                tracing::warn!(shard = state.shard, error = %e, "loading timers failed");
-                state.window.load_failed();
+                state.window.load_failed(state.ctx.now_ms());
+                let n = state.window.failures().1;
+                if n.is_power_of_two() {
+                    tracing::warn!(shard = state.shard, error = %e, failures = n, "loading timers failed; retrying with back-off");
+                }
             }
         }
         state.evaluate(&myself);

@@ -30,6 +30,22 @@ pub struct Window {
     last_fire: i64,
     firing: bool,
     loading: bool,
+    /// Failed fires (loads) in a row, and the earliest time to try again: a failing store is
+    /// retried with a doubling pause (the poll interval up to [`RETRY_MAX_MS`]), not spun on.
+    fire_failures: u32,
+    fire_not_before: i64,
+    load_failures: u32,
+    load_not_before: i64,
+}
+
+/// Longest pause between retries of a failing fire or load.
+pub const RETRY_MAX_MS: i64 = 10_000;
+
+/// The pause after `failures` failures in a row: the poll interval, doubling, at most
+/// [`RETRY_MAX_MS`] (and never less than 100 ms).
+fn retry_pause(poll_ms: i64, failures: u32) -> i64 {
+    let base = poll_ms.clamp(100, RETRY_MAX_MS);
+    base.saturating_mul(1i64 << failures.saturating_sub(1).min(16)).min(RETRY_MAX_MS)
 }
 
 impl Window {
@@ -44,7 +60,16 @@ impl Window {
             last_fire: i64::MIN,
             firing: false,
             loading: false,
+            fire_failures: 0,
+            fire_not_before: i64::MIN,
+            load_failures: 0,
+            load_not_before: i64::MIN,
         }
+    }
+
+    /// Failed fires and loads in a row (0 once one succeeds).
+    pub fn failures(&self) -> (u32, u32) {
+        (self.fire_failures, self.load_failures)
     }
 
     /// Timers held.
@@ -84,6 +109,7 @@ impl Window {
     /// The result of a load of `(after, until]`; `truncated` if the store had more.
     pub fn loaded(&mut self, timers: Vec<(i64, String)>, until: i64, truncated: bool) {
         self.loading = false;
+        self.load_failures = 0;
         let last = timers.last().map(|(t, _)| *t);
         let reached = if truncated { last.unwrap_or(self.loaded_until) } else { until };
         self.loaded_until = self.loaded_until.max(reached);
@@ -92,15 +118,18 @@ impl Window {
         }
     }
 
-    /// A load failed: allow another.
-    pub fn load_failed(&mut self) {
+    /// A load at `now` failed: allow another after a pause that grows while loads keep failing.
+    pub fn load_failed(&mut self, now: i64) {
         self.loading = false;
+        self.load_failures = self.load_failures.saturating_add(1);
+        self.load_not_before = now.saturating_add(retry_pause(self.poll_ms, self.load_failures));
     }
 
     /// A `fire_due(now)` finished; `more` if timers due at `now` remain in the store.
     pub fn fired(&mut self, now: i64, more: bool) {
         self.firing = false;
         self.last_fire = now;
+        self.fire_failures = 0;
         if !more {
             while self.due.first().is_some_and(|(t, _)| *t <= now) {
                 self.due.pop_first();
@@ -108,10 +137,13 @@ impl Window {
         }
     }
 
-    /// A fire failed: allow another after the poll interval.
+    /// A fire failed: allow another after a pause (the poll interval, doubling while fires
+    /// keep failing, up to [`RETRY_MAX_MS`]), even if timers are due.
     pub fn fire_failed(&mut self, now: i64) {
         self.firing = false;
         self.last_fire = now;
+        self.fire_failures = self.fire_failures.saturating_add(1);
+        self.fire_not_before = now.saturating_add(retry_pause(self.poll_ms, self.fire_failures));
     }
 
     /// What to do at `now`; marks started fires and loads as in progress.
@@ -119,24 +151,30 @@ impl Window {
         let mut out = Vec::new();
         let head_due = self.head().is_some_and(|t| t <= now);
         let poll_due = now >= self.last_fire.saturating_add(self.poll_ms);
-        if !self.firing && (head_due || poll_due) {
+        let fire_allowed = now >= self.fire_not_before;
+        if !self.firing && fire_allowed && (head_due || poll_due) {
             self.firing = true;
             out.push(OwnerAction::Fire);
         }
+        let load_allowed = now >= self.load_not_before;
         if !self.loading
+            && load_allowed
             && self.loaded_until < now + self.window_ms / 2
             && self.due.len() < self.cap
         {
             self.loading = true;
             out.push(OwnerAction::Load { after: self.loaded_until, until: now + self.window_ms });
         }
-        let mut wake = self.last_fire.saturating_add(self.poll_ms).max(now + 1);
+        let mut wake =
+            self.last_fire.saturating_add(self.poll_ms).max(self.fire_not_before).max(now + 1);
         // A head already due is being fired: its completion re-evaluates.
         if let Some(h) = self.head().filter(|h| *h > now) {
-            wake = wake.min(h);
+            wake = wake.min(h.max(self.fire_not_before));
         }
         if !self.loading {
-            wake = wake.min((self.loaded_until - self.window_ms / 2).max(now + 1));
+            wake = wake.min(
+                (self.loaded_until - self.window_ms / 2).max(self.load_not_before).max(now + 1),
+            );
         }
         out.push(OwnerAction::WakeAt(wake));
         out
@@ -210,5 +248,38 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!(w.decide(1_500), vec![OwnerAction::WakeAt(2_000)], "next poll");
         assert_eq!(w.decide(2_000)[0], OwnerAction::Fire, "poll fallback");
+    }
+
+    #[test]
+    fn a_failing_store_is_retried_with_a_growing_pause_not_spun_on() {
+        let mut w = Window::new(1_000, 30_000, 1_000, 100);
+        w.decide(1_000);
+        w.fired(1_000, false);
+        w.loaded(vec![(1_200, "a".into())], 31_000, false);
+        assert_eq!(w.decide(1_200)[0], OwnerAction::Fire);
+        w.fire_failed(1_200);
+        // The head is still due, but the next fire waits for the pause.
+        let a = w.decide(1_201);
+        assert_eq!(a, vec![OwnerAction::WakeAt(2_200)], "{a:?}");
+        assert_eq!(w.decide(2_200)[0], OwnerAction::Fire);
+        w.fire_failed(2_200);
+        assert_eq!(w.decide(2_201), vec![OwnerAction::WakeAt(4_200)], "doubled");
+        for _ in 0..10 {
+            w.fire_failed(4_200);
+        }
+        assert_eq!(w.decide(4_201), vec![OwnerAction::WakeAt(4_200 + RETRY_MAX_MS)], "capped");
+        w.fired(20_000, false);
+        assert_eq!(w.failures().0, 0, "a success resets the pause");
+
+        // Loads back off the same way.
+        let mut w = Window::new(1_000, 30_000, 1_000, 100);
+        w.decide(1_000);
+        w.fired(1_000, false);
+        w.load_failed(1_000);
+        assert!(!w.decide(1_001).iter().any(|a| matches!(a, OwnerAction::Load { .. })));
+        assert!(w.decide(2_000).iter().any(|a| matches!(a, OwnerAction::Load { .. })));
+        w.load_failed(2_000);
+        assert!(!w.decide(3_500).iter().any(|a| matches!(a, OwnerAction::Load { .. })));
+        assert!(w.decide(4_000).iter().any(|a| matches!(a, OwnerAction::Load { .. })));
     }
 }

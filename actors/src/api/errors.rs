@@ -29,15 +29,36 @@ pub fn classify(e: &Error) -> (tonic::Code, StatusCode) {
             | kv::Error::InvalidOperation(_) => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
             k if k.is_retryable() => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
             kv::Error::DatabaseClosed => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            kv::Error::StorageFull(_) => {
+                (Code::ResourceExhausted, StatusCode::INSUFFICIENT_STORAGE)
+            }
             _ => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
         },
         Error::Corrupt(_) => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
     }
 }
 
-/// An error as a gRPC status.
+/// Seconds a client should wait before retrying, for errors that pass with time (a full disk,
+/// a node between owners); `None` for errors a retry will not fix.
+pub fn retry_after_secs(e: &Error) -> Option<u64> {
+    match e {
+        Error::Kv(kv::Error::StorageFull(_)) => Some(30),
+        Error::Kv(kv::Error::DatabaseClosed)
+        | Error::OwnershipLost { .. }
+        | Error::LeaseHeld { .. } => Some(1),
+        Error::Kv(k) if k.is_retryable() => Some(1),
+        _ => None,
+    }
+}
+
+/// An error as a gRPC status (with a `retry-after` metadata entry, in seconds, when waiting
+/// helps).
 pub fn status(e: &Error) -> tonic::Status {
-    tonic::Status::new(classify(e).0, e.to_string())
+    let mut s = tonic::Status::new(classify(e).0, e.to_string());
+    if let Some(secs) = retry_after_secs(e) {
+        s.metadata_mut().insert("retry-after", secs.into());
+    }
+    s
 }
 
 /// The JSON body of an HTTP error.
@@ -103,5 +124,16 @@ mod tests {
         let too_big = Error::Kv(kv::Error::ValueTooLarge { size: 1, limit: 0 });
         assert_eq!(http(&too_big).0, StatusCode::BAD_REQUEST);
         assert_eq!(http(&Error::Kv(kv::Error::NotCommitted)).0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn a_full_disk_is_resource_exhausted_with_a_retry_after() {
+        let full = Error::Kv(kv::Error::StorageFull("the disk holding /d/kv.redb is full".into()));
+        assert_eq!(http(&full).0, StatusCode::INSUFFICIENT_STORAGE);
+        let s = self::status(&full);
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(s.message().contains("storage_full (9003)"), "{}", s.message());
+        assert_eq!(s.metadata().get("retry-after").and_then(|v| v.to_str().ok()), Some("30"));
+        assert_eq!(retry_after_secs(&kairos_layer::ops::error::invalid("f", "bad")), None);
     }
 }

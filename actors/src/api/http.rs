@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kairos_layer::definition::{parse_definition, parse_definition_uri};
+use kairos_layer::kv::StoreHealth;
 use kairos_layer::ops::query::ListQuery;
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_layer::ops::{self, error::invalid};
@@ -33,7 +34,11 @@ pub const BODY_BYTES_MAX: usize = 256 * 1024;
 
 fn error_response(e: &ops::Error) -> Response {
     let (status, body) = errors::http(e);
-    (status, axum::Json(body)).into_response()
+    let mut r = (status, axum::Json(body)).into_response();
+    if let Some(secs) = errors::retry_after_secs(e) {
+        r.headers_mut().insert(header::RETRY_AFTER, secs.into());
+    }
+    r
 }
 
 fn namespace(headers: &HeaderMap) -> Result<String, ops::Error> {
@@ -302,8 +307,24 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics_text().await)
 }
 
-async fn healthz(State(node): State<Node>) -> impl IntoResponse {
-    format!("ok node={} shards={}\n", node.node_id(), node.owned_shards().len())
+/// `200 ok …` while the store takes writes; `503` with the reason while it refuses them (a full
+/// disk: reads go on) or after it failed (the node is stopping).
+async fn healthz(State(node): State<Node>) -> Response {
+    let (id, shards) = (node.node_id().to_string(), node.owned_shards().len());
+    match node.store_health() {
+        StoreHealth::Healthy => format!("ok node={id} shards={shards}\n").into_response(),
+        StoreHealth::WritesRefused { reason } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "30")],
+            format!("writes-refused node={id} shards={shards}: {reason}\n"),
+        )
+            .into_response(),
+        StoreHealth::Failed { reason } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("failed node={id} shards={shards}: {reason}\n"),
+        )
+            .into_response(),
+    }
 }
 
 async fn not_found() -> Response {

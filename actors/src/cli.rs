@@ -3,6 +3,7 @@
 //! ```text
 //! kairos dev   [flags]   one node on the embedded backend in ./kairos-data: no set-up
 //! kairos serve [flags]   a node as configured (file, KAIROS_* env, flags)
+//! kairos check [flags]   checks a stopped node's store (engine pages, then every record)
 //!
 //! flags: --config FILE  --data-dir DIR  --listen-http ADDR  --node-id ID  --cluster NAME
 //!        --backend embedded|memory|fdb  --shard-count N  --log FILTER
@@ -19,9 +20,10 @@ use crate::Node;
 use crate::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
-use kairos_layer::kv::Database;
+use kairos_layer::kv::{Database, StoreHealth};
 
 const USAGE: &str = "usage: kairos --version
+       kairos check [--config FILE] [--data-dir DIR] [--cluster NAME] [--backend embedded|fdb]
        kairos worker --queue QUEUE [--endpoint URL] [--namespace NS] [--concurrency N] [--worker-id ID]
        kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
 [--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER] \
@@ -36,6 +38,18 @@ pub fn main() -> anyhow::Result<()> {
     };
     match command {
         "dev" | "serve" => {}
+        "check" => {
+            let config = load_config(flags)?;
+            let damaged = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+                .block_on(crate::check::run(&config))?;
+            if damaged {
+                bail!("the store is damaged (see above)");
+            }
+            return Ok(());
+        }
         "worker" => {
             return tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -276,13 +290,42 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         node.node_id(),
         display_dir(&data_dir)
     );
-    wait_for_signal().await;
-    println!("kairos: draining…");
-    node.stop().await;
-    let _ = shutdown_tx.send(true);
-    let _ = http.await;
-    let _ = grpc.await;
-    db.close().await;
+    let mut health = node.watch_store_health();
+    let failed = async move {
+        let failed = health.wait_for(|h| matches!(h, StoreHealth::Failed { .. })).await;
+        match failed {
+            Ok(h) => h.clone(),
+            Err(_) => std::future::pending().await,
+        }
+    };
+    let fatal = tokio::select! {
+        _ = wait_for_signal() => None,
+        h = failed => Some(h),
+    };
+    match &fatal {
+        Some(StoreHealth::Failed { reason }) => {
+            eprintln!(
+                "kairos: the store failed ({reason}); stopping so a supervisor can restart the node"
+            );
+        }
+        _ => println!("kairos: draining…"),
+    }
+    // A failed store cannot finish a drain's writes: bound the wait.
+    let drain = async {
+        node.stop().await;
+        let _ = shutdown_tx.send(true);
+        let _ = http.await;
+        let _ = grpc.await;
+        db.close().await;
+    };
+    if fatal.is_some() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain).await;
+        bail!(
+            "the store failed; run `kairos check --data-dir {}` before restarting",
+            display_dir(&data_dir)
+        );
+    }
+    drain.await;
     println!("kairos: stopped");
     Ok(())
 }

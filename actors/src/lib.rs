@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod batcher;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod context;

@@ -44,7 +44,7 @@ use foundationdb_tuple::{Subspace, TuplePack, TupleUnpack};
 use crate::kv::RangeOption;
 
 /// Subspace tags. Never reuse a value; retire by commenting, keeping the number reserved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(i64)]
 pub enum Tag {
     /// Cluster configuration.
@@ -545,14 +545,78 @@ impl Keyspace {
         RangeOption::new(self.key(Tag::ByTime, (ns, from_ms)), self.key(Tag::ByTime, (ns, to_ms)))
     }
 
+    /// Every key of this cluster.
+    pub fn cluster_range(&self) -> RangeOption {
+        let (b, e) = self.root.range();
+        RangeOption::new(b, e)
+    }
+
+    /// The subspace a key of this cluster is in; `None` for a key in no subspace in use (a
+    /// retired tag, or damage).
+    pub fn tag_of(&self, key: &[u8]) -> Option<Tag> {
+        Tag::ALL.into_iter().find(|t| self.root.subspace(&(*t as i64)).is_start_of(key))
+    }
+
+    /// The namespace, record group and id of an execution record's key.
+    pub fn parse_execution(&self, key: &[u8]) -> Result<(String, u32, String), KeyError> {
+        self.unpack(Tag::Execution, key)
+    }
+
+    /// The namespace, execution id and number of an attempt record's key.
+    pub fn parse_attempt(&self, key: &[u8]) -> Result<(String, String, u32), KeyError> {
+        self.unpack(Tag::Attempt, key)
+    }
+
+    /// `(ns, status, execute_at_ms, id)` of a by-status index entry.
+    pub fn parse_by_status(&self, key: &[u8]) -> Result<(String, i32, i64, String), KeyError> {
+        self.unpack(Tag::ByStatus, key)
+    }
+
+    /// `(ns, definition, execute_at_ms, id)` of a by-definition index entry.
+    pub fn parse_by_definition(
+        &self,
+        key: &[u8],
+    ) -> Result<(String, String, i64, String), KeyError> {
+        self.unpack(Tag::ByDefinition, key)
+    }
+
+    /// `(ns, execute_at_ms, id)` of a by-time index entry.
+    pub fn parse_by_time(&self, key: &[u8]) -> Result<(String, i64, String), KeyError> {
+        self.unpack(Tag::ByTime, key)
+    }
+
+    /// Checks that `key` has the layout of its subspace `tag` (the integrity check's view of
+    /// the table above).
+    pub fn check_layout(&self, tag: Tag, key: &[u8]) -> Result<(), KeyError> {
+        match tag {
+            Tag::Cluster => self.unpack::<String>(tag, key).map(drop),
+            Tag::Execution => self.parse_execution(key).map(drop),
+            Tag::Attempt => self.parse_attempt(key).map(drop),
+            Tag::Idempotency => self.parse_idempotency(key).map(drop),
+            Tag::Timer => self.parse_timer(key).map(drop),
+            Tag::Watermark | Tag::CronWatermark => self.unpack::<u32>(tag, key).map(drop),
+            Tag::Node => self.unpack::<String>(tag, key).map(drop),
+            Tag::CronJob => self.parse_cron_job(key).map(drop),
+            Tag::CronTimer => self.parse_cron_timer(key).map(drop),
+            Tag::Definition => self.parse_definition(key).map(drop),
+            Tag::ByStatus | Tag::ByDefinition | Tag::ByTime => {
+                self.index_execution_id(tag, key).map(drop)
+            }
+            Tag::PartitionOwner | Tag::PartitionExpiry => self.parse_partition(tag, key).map(drop),
+            Tag::Ready => self.parse_ready(key).map(drop),
+            Tag::ReadySignal => self.unpack::<(String, String, u32)>(tag, key).map(drop),
+            Tag::ClaimReceipt => self.unpack::<(i64, u64)>(tag, key).map(drop),
+            Tag::StatusCount => self.parse_status_count(key).map(drop),
+            Tag::Quarantine => self.unpack::<(i64, u32, i64, Vec<u8>)>(tag, key).map(drop),
+        }
+    }
+
     /// The execution id (last element) of an index entry of `tag`.
     pub fn index_execution_id(&self, tag: Tag, key: &[u8]) -> Result<String, KeyError> {
         match tag {
-            Tag::ByStatus => self.unpack::<(String, i32, i64, String)>(tag, key).map(|t| t.3),
-            Tag::ByDefinition => {
-                self.unpack::<(String, String, i64, String)>(tag, key).map(|t| t.3)
-            }
-            Tag::ByTime => self.unpack::<(String, i64, String)>(tag, key).map(|t| t.2),
+            Tag::ByStatus => self.parse_by_status(key).map(|t| t.3),
+            Tag::ByDefinition => self.parse_by_definition(key).map(|t| t.3),
+            Tag::ByTime => self.parse_by_time(key).map(|t| t.2),
             other => Err(KeyError { subspace: tag_name(other), reason: "not an index".into() }),
         }
     }
@@ -591,6 +655,54 @@ mod tests {
 
     fn ks() -> Keyspace {
         Keyspace::new("test")
+    }
+
+    #[test]
+    fn every_key_the_layout_writes_passes_the_layout_check() {
+        let ks = ks();
+        let timer =
+            TimerKey { bucket: 3, shard: 1, fire_at_ms: 10, execution_id: "e".into(), kind: 1 };
+        let ready = ReadyKey {
+            namespace: "ns".into(),
+            queue: "q".into(),
+            partition: 2,
+            ready_at_ms: 5,
+            execution_id: "e".into(),
+        };
+        let cron_timer =
+            CronTimerKey { bucket: 1, shard: 2, fire_at_ms: 3, cron_job_id: "c".into() };
+        let keys = [
+            (Tag::Cluster, ks.cluster()),
+            (Tag::Execution, ks.execution("ns", "e")),
+            (Tag::Attempt, ks.attempt("ns", "e", 2)),
+            (Tag::Idempotency, ks.idempotency("ns", "k")),
+            (Tag::Timer, ks.timer(&timer)),
+            (Tag::Watermark, ks.watermark(4)),
+            (Tag::Node, ks.node("n")),
+            (Tag::CronJob, ks.cron_job("ns", "c")),
+            (Tag::CronTimer, ks.cron_timer(&cron_timer)),
+            (Tag::Definition, ks.definition("ns", "d", 1)),
+            (Tag::ByStatus, ks.by_status("ns", 3, 7, "e")),
+            (Tag::ByDefinition, ks.by_definition("ns", "d", 7, "e")),
+            (Tag::ByTime, ks.by_time("ns", 7, "e")),
+            (Tag::PartitionOwner, ks.partition_owner(Space::Cron, 3)),
+            (Tag::PartitionExpiry, ks.partition_expiry(Space::Executions, 3)),
+            (Tag::Ready, ks.ready(&ready)),
+            (Tag::ReadySignal, ks.ready_signal("ns", "q", 1)),
+            (Tag::ClaimReceipt, ks.claim_receipt(9, 10)),
+            (Tag::StatusCount, ks.status_count("ns", 2, 1)),
+            (Tag::Quarantine, ks.quarantine(Space::Executions, 1, 5, b"k")),
+            (Tag::CronWatermark, ks.cron_watermark(2)),
+        ];
+        assert_eq!(keys.len(), Tag::ALL.len());
+        for (tag, key) in &keys {
+            assert_eq!(ks.tag_of(key), Some(*tag), "{tag:?}");
+            assert!(ks.cluster_range().begin <= *key && *key < ks.cluster_range().end);
+            ks.check_layout(*tag, key).unwrap_or_else(|e| panic!("{tag:?}: {e}"));
+            // A key truncated by damage fails its layout.
+            assert!(ks.check_layout(*tag, &key[..key.len() - 1]).is_err(), "{tag:?}");
+        }
+        assert_eq!(ks.tag_of(b"elsewhere"), None);
     }
 
     #[test]

@@ -111,3 +111,44 @@ async fn enospc_inside_the_engine_is_survived_without_a_restart() {
     }
     db.close().await;
 }
+
+/// A panic inside the engine (what a damaged file did to redb) is contained: the commit that
+/// met it fails at once with the reason, the store reports itself failed (final: the node
+/// exits so a supervisor restarts it), every later write fails fast instead of hanging, and
+/// nothing acknowledged before is lost on a re-open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_inside_the_engine_fails_the_store_clearly_not_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.redb");
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let panics = Arc::new(AtomicBool::new(false));
+    let options =
+        EmbeddedOptions { engine_panics: Some(panics.clone()), ..EmbeddedOptions::default() };
+    let db = EmbeddedDatabase::open_database_with(&path, clock.clone(), Rng::seeded(3), options)
+        .unwrap();
+    for i in 0..20 {
+        put(&db, &format!("k{i}"), "v").await.unwrap();
+    }
+    panics.store(true, Ordering::SeqCst);
+    let t = std::time::Instant::now();
+    let e = put(&db, "late", "v").await.unwrap_err();
+    assert!(e.to_string().contains("panic"), "the error says what happened: {e}");
+    let StoreHealth::Failed { reason } = db.health() else {
+        panic!("the store reports itself failed: {:?}", db.health())
+    };
+    assert!(reason.contains("injected engine panic"), "{reason}");
+    panics.store(false, Ordering::SeqCst);
+    for _ in 0..3 {
+        assert!(put(&db, "later", "v").await.is_err(), "failed is final for this process");
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "fails fast: {:?}", t.elapsed());
+    db.close().await;
+    drop(db);
+    // A restart (what the supervisor does) finds everything acknowledged.
+    let db = EmbeddedDatabase::open_database(&path, clock, Rng::seeded(4)).unwrap();
+    for i in 0..20 {
+        assert_eq!(get(&db, &format!("k{i}")).await.unwrap().as_deref(), Some("v"), "k{i}");
+    }
+    assert_eq!(get(&db, "late").await.unwrap(), None);
+    db.close().await;
+}

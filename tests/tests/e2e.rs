@@ -2,8 +2,7 @@
 //! The node is SIGKILLed and restarted mid-way; every acknowledged execution must still end.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,7 +60,6 @@ fn start_node(dir: &Path, http: u16, grpc: u16) -> Node {
     panic!("node did not become healthy");
 }
 
-/// A minimal HTTP/1.1 client (one request per connection).
 fn request(
     port: u16,
     method: &str,
@@ -69,29 +67,7 @@ fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    // Chunked bodies: take the JSON part.
-    let body = match (body.find('{'), body.rfind('}')) {
-        (Some(a), Some(b)) if b > a => body[a..=b].to_string(),
-        _ => body,
-    };
-    Ok((status, body))
+    kairos_tests::http_request(port, method, path, headers, body)
 }
 
 fn json_of(body: &str) -> Value {

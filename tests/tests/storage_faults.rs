@@ -73,3 +73,137 @@ fn an_emptied_or_missing_store_is_refused_unless_a_new_one_is_asked_for() {
     let (up, log) = run_node(&dir, &[]);
     assert!(up, "the new store is the store now: {log}");
 }
+
+/// A node kept running (killed with SIGKILL if the test fails before stopping it).
+struct Running {
+    child: std::process::Child,
+    http: u16,
+}
+
+impl Running {
+    fn stop(mut self) {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path) -> Result<Running, String> {
+    let (http, grpc) = (free_port(), free_port());
+    let log = dir.parent().unwrap().join(format!("node-{http}.log"));
+    let child = Command::new(KAIROS)
+        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
+        .args(["--listen-http", &format!("127.0.0.1:{http}")])
+        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut node = Running { child, http };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if let Some(status) = node.child.try_wait().unwrap() {
+            return Err(format!("exited {status}: {}", std::fs::read_to_string(&log).unwrap()));
+        }
+        if let Ok((200, _)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"") {
+            return Ok(node);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the node did not become healthy");
+}
+
+fn check(dir: &Path) -> (bool, String) {
+    let out =
+        Command::new(KAIROS).args(["check", "--data-dir", dir.to_str().unwrap()]).output().unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+const ECHO: &str = "name: echo\nversion: 1\ninputs:\n  name: string\nexecution:\n  type: command\n  command: [\"sh\", \"-c\", \"cat\"]\n";
+
+#[test]
+fn a_damaged_record_is_found_by_check_and_skipped_by_list() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    let node = start(&dir).unwrap();
+    let (s, b) =
+        kairos_tests::http_request(node.http, "POST", "/definitions", &[], ECHO.as_bytes())
+            .unwrap();
+    assert_eq!(s, 201, "{b}");
+    // The marker is only in the damaged execution's record and its idempotency key's key.
+    let marker = "DAMAGE-ME-7f3a9c1e5b2d4f6a8c0e";
+    let mut ids = Vec::new();
+    for key in ["keep-1", marker, "keep-2"] {
+        let body = serde_json::json!({"definitionUri": "registry://jobs/echo",
+            "definitionVersion": 1, "inputs": {"name": "x"}, "delayMs": 3_600_000});
+        let headers = [("Content-Type", "application/json"), ("Idempotency-Key", key)];
+        let (s, b) = kairos_tests::http_request(
+            node.http,
+            "POST",
+            "/executions",
+            &headers,
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(s, 201, "{b}");
+        ids.push(json(&b)["executionId"].as_str().unwrap().to_string());
+    }
+    node.stop();
+
+    let (ok, out) = check(&dir);
+    assert!(ok, "a healthy store passes: {out}");
+    assert!(out.contains("every page verified") && out.contains("no problem found"), "{out}");
+
+    // Damage: the marker's bytes overwritten wherever the file holds them.
+    let path = dir.join("kv.redb");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut damaged = 0;
+    let mut i = 0;
+    while let Some(at) = bytes[i..].windows(marker.len()).position(|w| w == marker.as_bytes()) {
+        let at = i + at;
+        bytes[at + 4..at + marker.len()].fill(0xFF);
+        damaged += 1;
+        i = at + marker.len();
+    }
+    assert!(damaged > 0, "the marker is in the file");
+    std::fs::write(&path, &bytes).unwrap();
+
+    let (ok, out) = check(&dir);
+    assert!(!ok, "a damaged store fails the check: {out}");
+    assert!(out.contains("DAMAGED") || out.contains("PROBLEM"), "{out}");
+
+    // The node serves what is readable: a list skips the damaged record and names it.
+    // (redb verifies its pages only when checked: the node opens the file.)
+    let node = start(&dir).expect("the damaged store opens");
+    let (s, b) =
+        kairos_tests::http_request(node.http, "GET", "/executions?limit=10", &[], b"").unwrap();
+    assert_eq!(s, 200, "one damaged record does not fail the page: {b}");
+    let page = json(&b);
+    let listed: Vec<&str> = page["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["executionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [ids[0].as_str(), ids[2].as_str()], "{b}");
+    assert_eq!(page["unreadableIds"], serde_json::json!([ids[1]]), "{b}");
+    // The damaged one itself: an error naming the damage, not a crash or NOT_FOUND.
+    let (s, b) =
+        kairos_tests::http_request(node.http, "GET", &format!("/executions/{}", ids[1]), &[], b"")
+            .unwrap();
+    assert_eq!(s, 500, "{b}");
+    assert!(b.contains("corrupt"), "{b}");
+    node.stop();
+}

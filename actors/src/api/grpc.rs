@@ -292,6 +292,7 @@ impl ExecutionService for Api {
         ok(ListExecutionsResponse {
             executions: page.executions.iter().map(convert::execution).collect(),
             next_cursor: page.next_cursor.unwrap_or_default(),
+            unreadable_ids: page.unreadable,
         })
     }
 
@@ -750,6 +751,7 @@ impl AdminService for Api {
         ok(ListExecutionsResponse {
             executions: page.executions.iter().map(convert::execution).collect(),
             next_cursor: page.next_cursor.unwrap_or_default(),
+            unreadable_ids: page.unreadable,
         })
     }
 

@@ -226,9 +226,11 @@ async fn list(
         };
         let page = node.scheduler().list(&q).await?;
         let items: Vec<_> = page.executions.iter().map(|e| json::execution(e, None)).collect();
-        Ok::<_, ops::Error>(
-            json!({ "executions": items, "nextCursor": page.next_cursor.map(|c| hex_encode(&c)) }),
-        )
+        Ok::<_, ops::Error>(json!({
+            "executions": items,
+            "nextCursor": page.next_cursor.map(|c| hex_encode(&c)),
+            "unreadableIds": page.unreadable,
+        }))
     }
     .await;
     match r {

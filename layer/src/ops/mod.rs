@@ -17,6 +17,7 @@
 //! | leased partitions, nodes | [`leases`] |
 //! | cron jobs (clients), cron rounds (owners) | [`cron`], [`cron::owner`] |
 
+pub mod check;
 pub mod claim;
 pub mod control;
 pub mod cron;

@@ -40,6 +40,9 @@ pub struct ListPage {
     pub executions: Vec<Execution>,
     /// Pass back to get the next page; `None` at the end.
     pub next_cursor: Option<Vec<u8>>,
+    /// Ids in range whose record could not be decoded (a damaged store): skipped and reported
+    /// here rather than failing every page that covers them.
+    pub unreadable: Vec<String>,
 }
 
 impl Scheduler {
@@ -199,21 +202,31 @@ impl Scheduler {
                     let rows = tx.get_range(&chunk, true).await?;
                     let n = rows.len();
                     scanned += n;
-                    let ids = rows
+                    // An index key that does not parse names no execution: skipped (and
+                    // reported by `kairos check`), not a failure of every page over it.
+                    let ids: Vec<Option<String>> = rows
                         .iter()
-                        .map(|kv| self.ks.index_execution_id(tag, &kv.key))
-                        .collect::<std::result::Result<Vec<_>, _>>()?;
-                    let loads =
-                        ids.iter().map(|id| tx.snapshot_get_owned(self.ks.execution(ns, id)));
+                        .map(|kv| self.ks.index_execution_id(tag, &kv.key).ok())
+                        .collect();
+                    let tx = &tx;
+                    let loads = ids.iter().map(|id| async move {
+                        match id {
+                            Some(id) => tx.snapshot_get_owned(self.ks.execution(ns, id)).await,
+                            None => Ok(None),
+                        }
+                    });
                     let found = futures_util::future::try_join_all(loads).await?;
-                    for (kv, v) in rows.iter().zip(found) {
+                    for ((kv, id), v) in rows.iter().zip(&ids).zip(found) {
                         if page.executions.len() == limit {
                             page.next_cursor = Some(kv.key.to_vec());
                             return Ok(page);
                         }
                         begin = key_after(&kv.key);
-                        let Some(v) = v else { continue };
-                        let e: Execution = decode("execution", &v)?;
+                        let (Some(id), Some(v)) = (id, v) else { continue };
+                        let Ok(e) = decode::<Execution>("execution", &v) else {
+                            page.unreadable.push(id.clone());
+                            continue;
+                        };
                         if q.definition.as_ref().is_none_or(|d| &e.definition_name == d)
                             && q.status.is_none_or(|s| e.status == s as i32)
                         {

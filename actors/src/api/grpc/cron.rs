@@ -271,6 +271,7 @@ impl CronService for Api {
         Ok(Response::new(ListExecutionsResponse {
             executions: page.executions.iter().map(convert::execution).collect(),
             next_cursor: page.next_cursor.unwrap_or_default(),
+            unreadable_ids: page.unreadable,
         }))
     }
 }

@@ -381,6 +381,7 @@ async fn runs(
             Ok(json!({
                 "executions": page.executions.iter().map(|e| json::execution(e, None)).collect::<Vec<_>>(),
                 "nextCursor": page.next_cursor.map(|c| hex_encode(&c)),
+                "unreadableIds": page.unreadable,
             }))
         }
         .await,

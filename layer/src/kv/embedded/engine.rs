@@ -31,7 +31,9 @@ use crate::kv::error::{Error, Result};
 
 /// The swappable engine handle, its settings and its health.
 pub(crate) struct Engine {
-    db: RwLock<Option<Arc<redb::Database>>>,
+    db: RwLock<Option<Arc<Redb>>>,
+    /// Set by [`shut`](Engine::shut): no re-open after it.
+    shut: std::sync::atomic::AtomicBool,
     /// Signalled when a re-open finishes (readers wait for it briefly instead of failing).
     reopened: (Mutex<()>, std::sync::Condvar),
     /// Held by whoever is re-opening the engine.
@@ -85,6 +87,7 @@ impl Engine {
     pub(crate) fn open(path: PathBuf, options: EmbeddedOptions) -> Result<Engine> {
         let engine = Engine {
             db: RwLock::new(None),
+            shut: std::sync::atomic::AtomicBool::new(false),
             reopened: (Mutex::new(()), std::sync::Condvar::new()),
             reopening: Mutex::new(()),
             path,
@@ -92,16 +95,17 @@ impl Engine {
             health: Mutex::new(StoreHealth::Healthy),
         };
         let db = engine.open_db()?;
-        *engine.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(db));
+        *engine.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Redb(Some(db))));
         Ok(engine)
     }
 
     fn open_db(&self) -> Result<redb::Database> {
         let mut builder = redb::Builder::new();
         builder.set_cache_size(self.options.cache_bytes);
-        let opened = match &self.options.disk_writes_fail {
-            None => builder.create(&self.path),
-            Some(full) => {
+        let injected = (&self.options.disk_writes_fail, &self.options.engine_panics);
+        let opened = match injected {
+            (None, None) => builder.create(&self.path),
+            (full, panics) => {
                 let file = std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -114,7 +118,12 @@ impl Engine {
                 let inner = redb::backends::FileBackend::new(file).map_err(|e| {
                     Error::Storage(format!("cannot open {}: {e}", self.path.display()))
                 })?;
-                builder.create_with_backend(FaultyDisk { inner, full: full.clone() })
+                let off = || Arc::new(AtomicBool::new(false));
+                builder.create_with_backend(FaultyDisk {
+                    inner,
+                    full: full.clone().unwrap_or_else(off),
+                    panics: panics.clone().unwrap_or_else(off),
+                })
             }
         };
         opened.map_err(|e| match &e {
@@ -130,9 +139,12 @@ impl Engine {
 
     /// The engine, or why it is not available now. While a re-open is under way (milliseconds,
     /// once the last transactions of the failed batch let go), waits for it up to 2 s.
-    pub(crate) fn current(&self) -> Result<Arc<redb::Database>> {
+    pub(crate) fn current(&self) -> Result<Arc<Redb>> {
         let deadline = std::time::Instant::now() + REOPEN_WAIT;
         loop {
+            if self.shut.load(Ordering::Acquire) {
+                return Err(Error::DatabaseClosed);
+            }
             if let StoreHealth::Failed { reason } = self.health() {
                 return Err(Error::Storage(reason));
             }
@@ -146,7 +158,8 @@ impl Engine {
             {
                 match self.open_db() {
                     Ok(db) => {
-                        *self.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(db));
+                        *self.db.write().unwrap_or_else(|e| e.into_inner()) =
+                            Some(Arc::new(Redb(Some(db))));
                         continue;
                     }
                     // Still no room to open: say so now rather than wait.
@@ -186,6 +199,14 @@ impl Engine {
         }
     }
 
+    /// Lets go of the engine for good (the store is closing): the file is released once the
+    /// last reader lets go of it.
+    pub(crate) fn shut(&self) {
+        self.shut.store(true, Ordering::Release);
+        let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(db);
+    }
+
     /// Whether the engine is open (not waiting for a re-open).
     pub(crate) fn is_open(&self) -> bool {
         self.db.read().unwrap_or_else(|e| e.into_inner()).is_some()
@@ -217,7 +238,8 @@ impl Engine {
         for _ in 0..12 {
             match self.open_db() {
                 Ok(db) => {
-                    *self.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(db));
+                    *self.db.write().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Arc::new(Redb(Some(db))));
                     let _guard = self.reopened.0.lock().unwrap_or_else(|e| e.into_inner());
                     self.reopened.1.notify_all();
                     return Ok(());
@@ -247,16 +269,40 @@ fn free_bytes(path: &std::path::Path) -> Option<u64> {
     (rc == 0).then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// The redb handle. Dropping redb after a panic inside it panics again (poisoned locks): the
+/// drop is contained, so closing a failed store releases its file instead of aborting.
+pub(crate) struct Redb(Option<redb::Database>);
+
+impl std::ops::Deref for Redb {
+    type Target = redb::Database;
+    fn deref(&self) -> &redb::Database {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for Redb {
+    fn drop(&mut self) {
+        if let Some(db) = self.0.take() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+        }
+    }
+}
+
 /// A file backend whose writes fail with ENOSPC while `full` is set: the disk-full fault the
 /// tests inject (the real thing needs a small file system the test cannot always mount).
 #[derive(Debug)]
 struct FaultyDisk {
     inner: redb::backends::FileBackend,
     full: Arc<AtomicBool>,
+    panics: Arc<AtomicBool>,
 }
 
 impl FaultyDisk {
     fn check(&self) -> io::Result<()> {
+        if self.panics.load(Ordering::SeqCst) {
+            // What a damaged file did to redb in the field: a panic deep in the engine.
+            panic!("injected engine panic (a damaged page)");
+        }
         if self.full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(28));
         }

@@ -10,8 +10,11 @@
 //! recovers the last durable commit — quickly, whatever the file's size, as every commit is
 //! written with redb's *quick repair* (ADR 0001). No write-ahead log of our own.
 
+mod check;
 mod committer;
 mod engine;
+
+pub use self::check::{EngineCheck, check_file};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,11 +53,19 @@ pub struct EmbeddedOptions {
     /// the space check saw room (space gone between the check and the write). `None` in
     /// production.
     pub disk_writes_fail: Option<Arc<AtomicBool>>,
+    /// Fault injection for tests: while set, the engine panics when it writes (as redb did on
+    /// a damaged file). `None` in production.
+    pub engine_panics: Option<Arc<AtomicBool>>,
 }
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { cache_bytes: CACHE_BYTES, disk_full: None, disk_writes_fail: None }
+        EmbeddedOptions {
+            cache_bytes: CACHE_BYTES,
+            disk_full: None,
+            disk_writes_fail: None,
+            engine_panics: None,
+        }
     }
 }
 
@@ -351,6 +362,7 @@ impl KvDatabase for EmbeddedDatabase {
             if let Some(h) = handle {
                 let _ = tokio::task::spawn_blocking(move || h.join()).await;
             }
+            self.shared.engine.shut();
             self.shared.watches.close();
         })
     }

@@ -81,6 +81,9 @@ pub struct RunsPage {
     pub executions: Vec<Execution>,
     /// Where to continue; `None` at the end.
     pub next_cursor: Option<Vec<u8>>,
+    /// Runs whose stored record could not be decoded (execution id, or the idempotency key
+    /// when that record itself is damaged): skipped, reported here.
+    pub unreadable: Vec<String>,
 }
 
 /// The spec fields of a record (what a create's fingerprint covers).
@@ -493,14 +496,20 @@ impl Scheduler {
                 let rows = tx.get_range(&range.clone().limit(limit + 1), true).await?;
                 let more = rows.len() > limit;
                 let rows = &rows[..rows.len().min(limit)];
+                // A record that does not decode (a damaged store) is reported, not fatal to
+                // the page: Ok(Err(what)) names it.
                 let loads = rows.iter().map(|kv| {
                     let tx = &tx;
                     async move {
-                        let rec: IdempotencyRecord = decode("idempotency", &kv.value)?;
-                        match tx.snapshot_get(&self.ks.execution(ns, &rec.execution_id)).await? {
-                            Some(v) => Ok::<_, Error>(Some(decode::<Execution>("execution", &v)?)),
-                            None => Ok(None),
-                        }
+                        let Ok(rec) = decode::<IdempotencyRecord>("idempotency", &kv.value) else {
+                            let key = self.ks.parse_idempotency(&kv.key).map(|(_, k)| k);
+                            return Ok(Some(Err(key.unwrap_or_else(|_| "?".into()))));
+                        };
+                        let id = rec.execution_id;
+                        let found = tx.snapshot_get(&self.ks.execution(ns, &id)).await?;
+                        Ok::<_, Error>(
+                            found.map(|v| decode::<Execution>("execution", &v).map_err(|_| id)),
+                        )
                     }
                 });
                 let found = futures_util::future::try_join_all(loads).await?;
@@ -508,7 +517,14 @@ impl Scheduler {
                 Ok::<_, Error>((found.into_iter().flatten().collect::<Vec<_>>(), last))
             })
             .await?;
-        Ok(RunsPage { executions, next_cursor: last })
+        let (mut runs, mut unreadable) = (Vec::new(), Vec::new());
+        for r in executions {
+            match r {
+                Ok(e) => runs.push(e),
+                Err(id) => unreadable.push(id),
+            }
+        }
+        Ok(RunsPage { executions: runs, next_cursor: last, unreadable })
     }
 }
 

@@ -1,0 +1,414 @@
+//! The logical integrity check of a cluster's records (`kairos check`): every key has its
+//! subspace's layout, every record decodes, references point at records that exist, indexes
+//! agree with the records, and the status counters agree with the executions.
+//!
+//! It reads the whole cluster in short transactions of [`CHECK_PAGE`] keys, so it is meant for a
+//! stopped node's store (or a quiet one: records that change while it runs may be reported
+//! as inconsistent). The storage engine's own check (pages, checksums, allocator state) is the
+//! backend's ([`crate::kv::embedded::check_file`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use kairos_proto::storage::v1::{
+    Attempt, ClusterConfig, CronJob, CronTimerEntry, Execution, ExecutionStatus, IdempotencyRecord,
+    JobDefinition, Node, PartitionExpiry, PartitionOwner, QuarantineRecord, TimerEntry,
+};
+use prost::Message;
+
+use super::error::Result;
+use crate::keys::{Keyspace, Tag};
+use crate::kv::limits::key_after;
+use crate::kv::{Database, RangeOption};
+
+/// Keys read per transaction.
+pub const CHECK_PAGE: usize = 2_000;
+/// Findings kept in a report (the count goes on).
+pub const FINDINGS_KEPT: usize = 1_000;
+
+/// One thing found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The key, printable (tuple elements where they decode, else escaped bytes).
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// What the check found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Keys read.
+    pub keys: u64,
+    /// Keys per subspace.
+    pub per_subspace: BTreeMap<String, u64>,
+    /// Execution records that decoded.
+    pub executions: u64,
+    /// The first [`FINDINGS_KEPT`] findings.
+    pub findings: Vec<Finding>,
+    /// Every finding, counted.
+    pub finding_count: u64,
+}
+
+impl CheckReport {
+    /// Whether nothing was found wrong.
+    pub fn is_clean(&self) -> bool {
+        self.finding_count == 0
+    }
+
+    fn found(&mut self, key: &[u8], problem: impl Into<String>) {
+        self.finding_count += 1;
+        if self.findings.len() < FINDINGS_KEPT {
+            self.findings.push(Finding { key: printable(key), problem: problem.into() });
+        }
+    }
+}
+
+/// What the scan remembers of an execution to check what refers to it.
+struct Seen {
+    status: i32,
+    execute_at_ms: i64,
+    definition: String,
+}
+
+/// Checks every record of the cluster `ks` in `db`; `progress` is called after each page
+/// with the keys read so far.
+pub async fn check_records(
+    db: &Database,
+    ks: &Keyspace,
+    mut progress: impl FnMut(u64),
+) -> Result<CheckReport> {
+    let mut report = CheckReport::default();
+    let mut executions: HashMap<(String, String), Seen> = HashMap::new();
+    // Executions whose key parses but whose record does not: what refers to them is not
+    // reported again.
+    let mut unreadable: HashSet<(String, String)> = HashSet::new();
+    let mut cron_jobs: HashSet<(String, String)> = HashSet::new();
+    let mut counted: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    // References checked once every record is known: (key, namespace, id, what).
+    let mut refs: Vec<(Vec<u8>, String, String, &'static str)> = Vec::new();
+    let all = ks.cluster_range();
+    let mut begin = all.begin.clone();
+    loop {
+        let page = RangeOption::new(begin.clone(), all.end.clone()).limit(CHECK_PAGE);
+        let page = &page;
+        let rows = db.run(|tx| async move { tx.get_range(page, true).await }).await?;
+        for kv in &rows {
+            report.keys += 1;
+            let (key, value) = (&kv.key[..], &kv.value[..]);
+            let Some(tag) = ks.tag_of(key) else {
+                report.found(key, "a key in no subspace in use");
+                continue;
+            };
+            *report.per_subspace.entry(format!("{tag:?}")).or_default() += 1;
+            if let Err(e) = ks.check_layout(tag, key) {
+                report.found(key, e.to_string());
+                continue;
+            }
+            check_value(
+                ks,
+                tag,
+                key,
+                value,
+                &mut report,
+                &mut Refs {
+                    executions: &mut executions,
+                    unreadable: &mut unreadable,
+                    cron_jobs: &mut cron_jobs,
+                    counted: &mut counted,
+                    refs: &mut refs,
+                },
+            );
+        }
+        progress(report.keys);
+        match rows.last() {
+            Some(last) if rows.len() == CHECK_PAGE => begin = key_after(&last.key),
+            _ => break,
+        }
+    }
+    for (key, ns, id, what) in refs {
+        if unreadable.contains(&(ns.clone(), id.clone())) {
+            continue; // its damage is reported once, on its record
+        }
+        let missing = match what {
+            "cron job" => !cron_jobs.contains(&(ns, id.clone())),
+            _ => !executions.contains_key(&(ns, id.clone())),
+        };
+        if missing {
+            report.found(&key, format!("refers to {what} {id:?}, which does not exist"));
+        }
+    }
+    // Index entries, checked against the executions they name.
+    let indexed = report.per_subspace.keys().any(|s| s.starts_with("By"));
+    if indexed {
+        check_indexes(db, ks, &executions, &unreadable, &mut report).await?;
+    }
+    let mut actual: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for ((ns, _), e) in &executions {
+        *actual.entry((ns.clone(), e.status)).or_default() += 1;
+    }
+    let statuses: HashSet<_> = actual.keys().chain(counted.keys()).cloned().collect();
+    let mut statuses: Vec<_> = statuses.into_iter().collect();
+    statuses.sort();
+    for (ns, status) in statuses {
+        let (want, have) = (
+            actual.get(&(ns.clone(), status)).copied().unwrap_or(0),
+            counted.get(&(ns.clone(), status)).copied().unwrap_or(0),
+        );
+        if want != have {
+            let name = ExecutionStatus::try_from(status).map_or_else(
+                |_| status.to_string(),
+                |s| s.as_str_name().trim_start_matches("EXECUTION_STATUS_").to_string(),
+            );
+            let unread = match unreadable.len() {
+                0 => String::new(),
+                n => format!(" ({n} execution records could not be read)"),
+            };
+            report.found(
+                &ks.status_count(&ns, status, 0),
+                format!(
+                    "status count of {name} in namespace {ns:?} is {have}, but {want} readable \
+                     executions have that status{unread}"
+                ),
+            );
+        }
+    }
+    Ok(report)
+}
+
+struct Refs<'a> {
+    executions: &'a mut HashMap<(String, String), Seen>,
+    unreadable: &'a mut HashSet<(String, String)>,
+    cron_jobs: &'a mut HashSet<(String, String)>,
+    counted: &'a mut BTreeMap<(String, i32), i64>,
+    refs: &'a mut Vec<(Vec<u8>, String, String, &'static str)>,
+}
+
+fn decodes<M: Message + Default>(
+    report: &mut CheckReport,
+    key: &[u8],
+    what: &str,
+    value: &[u8],
+) -> Option<M> {
+    match M::decode(value) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            report.found(key, format!("the {what} record does not decode: {e}"));
+            None
+        }
+    }
+}
+
+fn check_value(
+    ks: &Keyspace,
+    tag: Tag,
+    key: &[u8],
+    value: &[u8],
+    report: &mut CheckReport,
+    r: &mut Refs<'_>,
+) {
+    // Layouts were checked: the parses below succeed.
+    match tag {
+        Tag::Cluster => drop(decodes::<ClusterConfig>(report, key, "cluster", value)),
+        Tag::Execution => {
+            let Ok((ns, _, id)) = ks.parse_execution(key) else { return };
+            let Some(e) = decodes::<Execution>(report, key, "execution", value) else {
+                r.unreadable.insert((ns, id));
+                return;
+            };
+            if e.namespace != ns || e.id != id {
+                report.found(
+                    key,
+                    format!(
+                        "the record is execution {:?} in {:?}, not its key's",
+                        e.id, e.namespace
+                    ),
+                );
+                return;
+            }
+            report.executions += 1;
+            r.executions.insert(
+                (ns, id),
+                Seen {
+                    status: e.status,
+                    execute_at_ms: e.execute_at_ms,
+                    definition: e.definition_name,
+                },
+            );
+        }
+        Tag::Attempt => {
+            let Ok((ns, id, _)) = ks.parse_attempt(key) else { return };
+            if decodes::<Attempt>(report, key, "attempt", value).is_some() {
+                r.refs.push((key.to_vec(), ns, id, "execution"));
+            }
+        }
+        Tag::Idempotency => {
+            let Ok((ns, _)) = ks.parse_idempotency(key) else { return };
+            if let Some(rec) = decodes::<IdempotencyRecord>(report, key, "idempotency", value) {
+                r.refs.push((key.to_vec(), ns, rec.execution_id, "execution"));
+            }
+        }
+        Tag::Timer => {
+            let Ok(t) = ks.parse_timer(key) else { return };
+            if let Some(entry) = decodes::<TimerEntry>(report, key, "timer", value) {
+                r.refs.push((key.to_vec(), entry.namespace, t.execution_id, "execution"));
+            }
+        }
+        Tag::Watermark | Tag::CronWatermark | Tag::ReadySignal | Tag::StatusCount
+            if value.len() != 8 =>
+        {
+            report.found(key, format!("a counter of {} bytes, not 8", value.len()));
+        }
+        Tag::StatusCount => {
+            let Ok((ns, status, _)) = ks.parse_status_count(key) else { return };
+            *r.counted.entry((ns, status)).or_default() += crate::kv::decode_i64(Some(value));
+        }
+        Tag::Node => drop(decodes::<Node>(report, key, "node", value)),
+        Tag::CronJob => {
+            let Ok((ns, id)) = ks.parse_cron_job(key) else { return };
+            if let Some(j) = decodes::<CronJob>(report, key, "cron job", value) {
+                if j.id != id || j.namespace != ns {
+                    report.found(
+                        key,
+                        format!("the record is cron job {:?} in {:?}", j.id, j.namespace),
+                    );
+                } else {
+                    r.cron_jobs.insert((ns, id));
+                }
+            }
+        }
+        Tag::CronTimer => {
+            let Ok(t) = ks.parse_cron_timer(key) else { return };
+            if let Some(entry) = decodes::<CronTimerEntry>(report, key, "cron timer", value) {
+                r.refs.push((key.to_vec(), entry.namespace, t.cron_job_id, "cron job"));
+            }
+        }
+        Tag::Definition => drop(decodes::<JobDefinition>(report, key, "definition", value)),
+        Tag::PartitionOwner => {
+            drop(decodes::<PartitionOwner>(report, key, "partition owner", value))
+        }
+        Tag::PartitionExpiry => {
+            drop(decodes::<PartitionExpiry>(report, key, "partition expiry", value))
+        }
+        Tag::Ready => {
+            let Ok(rk) = ks.parse_ready(key) else { return };
+            r.refs.push((key.to_vec(), rk.namespace, rk.execution_id, "execution"));
+        }
+        Tag::Quarantine => drop(decodes::<QuarantineRecord>(report, key, "quarantine", value)),
+        // Indexes are checked against the executions afterwards; receipts are opaque and
+        // short-lived; watermarks and counters were checked for their size.
+        Tag::ByStatus
+        | Tag::ByDefinition
+        | Tag::ByTime
+        | Tag::ClaimReceipt
+        | Tag::Watermark
+        | Tag::CronWatermark
+        | Tag::ReadySignal => {}
+    }
+}
+
+/// Every index entry names an execution that exists and agrees with it; every execution
+/// that belongs in an index is in it.
+async fn check_indexes(
+    db: &Database,
+    ks: &Keyspace,
+    executions: &HashMap<(String, String), Seen>,
+    unreadable: &HashSet<(String, String)>,
+    report: &mut CheckReport,
+) -> Result<()> {
+    let mut in_index: HashMap<Tag, HashSet<(String, String)>> = HashMap::new();
+    for tag in [Tag::ByStatus, Tag::ByDefinition, Tag::ByTime] {
+        let all = ks.subspace_range(tag);
+        let mut begin = all.begin.clone();
+        let found = in_index.entry(tag).or_default();
+        loop {
+            let page = RangeOption::new(begin.clone(), all.end.clone()).limit(CHECK_PAGE);
+            let page = &page;
+            let rows = db.run(|tx| async move { tx.get_range(page, true).await }).await?;
+            for kv in &rows {
+                let Some((ns, id, agrees)) = index_entry(ks, tag, &kv.key, executions) else {
+                    continue; // its layout was reported by the scan
+                };
+                match agrees {
+                    None if unreadable.contains(&(ns.clone(), id.clone())) => {}
+                    None => report.found(
+                        &kv.key,
+                        format!("index entry of execution {id:?}, which does not exist"),
+                    ),
+                    Some(false) => report
+                        .found(&kv.key, format!("index entry disagrees with execution {id:?}")),
+                    Some(true) => {
+                        found.insert((ns, id));
+                    }
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() == CHECK_PAGE => begin = key_after(&last.key),
+                _ => break,
+            }
+        }
+    }
+    for ((ns, id), e) in executions {
+        let needs: &[Tag] = if super::records::is_indexed(e.status) {
+            &[Tag::ByStatus, Tag::ByDefinition, Tag::ByTime]
+        } else {
+            &[Tag::ByDefinition, Tag::ByTime]
+        };
+        for tag in needs {
+            if !in_index[tag].contains(&(ns.clone(), id.clone())) {
+                report.found(
+                    &ks.execution(ns, id),
+                    format!("execution {id:?} is missing from the {tag:?} index"),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What an index entry says of its execution beyond `execute_at`.
+enum IndexDetail {
+    Status(i32),
+    Definition(String),
+    Time,
+}
+
+/// The namespace and id an index entry names, and whether it agrees with the execution
+/// (`None`: no such execution).
+fn index_entry(
+    ks: &Keyspace,
+    tag: Tag,
+    key: &[u8],
+    executions: &HashMap<(String, String), Seen>,
+) -> Option<(String, String, Option<bool>)> {
+    let (ns, id, at, detail) = match tag {
+        Tag::ByStatus => {
+            let (ns, status, at, id) = ks.parse_by_status(key).ok()?;
+            (ns, id, at, IndexDetail::Status(status))
+        }
+        Tag::ByDefinition => {
+            let (ns, name, at, id) = ks.parse_by_definition(key).ok()?;
+            (ns, id, at, IndexDetail::Definition(name))
+        }
+        _ => {
+            let (ns, at, id) = ks.parse_by_time(key).ok()?;
+            (ns, id, at, IndexDetail::Time)
+        }
+    };
+    let verdict = executions.get(&(ns.clone(), id.clone())).map(|e| {
+        e.execute_at_ms == at
+            && match &detail {
+                IndexDetail::Status(s) => e.status == *s,
+                IndexDetail::Definition(d) => &e.definition == d,
+                IndexDetail::Time => true,
+            }
+    });
+    Some((ns, id, verdict))
+}
+
+/// A key as tuple elements where they decode, else as escaped bytes.
+pub fn printable(key: &[u8]) -> String {
+    match foundationdb_tuple::unpack::<foundationdb_tuple::Element<'_>>(key) {
+        Ok(e) => format!("{e:?}"),
+        Err(_) => key.iter().flat_map(|b| std::ascii::escape_default(*b)).map(char::from).collect(),
+    }
+}

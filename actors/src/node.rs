@@ -137,9 +137,10 @@ impl Node {
         &self.ctx().metrics
     }
 
-    /// The store's health: healthy, refusing writes for now (a full disk), or failed for good.
+    /// The store's health now: healthy, refusing writes for now (a full disk), or failed for
+    /// good.
     pub fn store_health(&self) -> StoreHealth {
-        self.inner.health.borrow().clone()
+        self.ctx().sched.database().health()
     }
 
     /// A receiver of the store's health changes (the command line stops the node when the

@@ -207,3 +207,104 @@ fn a_damaged_record_is_found_by_check_and_skipped_by_list() {
     assert!(b.contains("corrupt"), "{b}");
     node.stop();
 }
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// `None` when this machine does not let the test mount one (not root): the injected-fault
+    /// tests (`layer/tests/disk_faults.rs`, `actors/tests/store_health.rs`) still run.
+    fn mount(at: &Path, mib: u32) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs", at.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+
+    fn grow(&self, mib: u32) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={mib}m"), self.0.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The real thing: a node on a 96 MiB file system fills it (the store keeps 64 MiB in
+/// reserve), refuses writes with 507 and a retry-after while reads go on and /healthz says
+/// so, then takes writes again as soon as the file system grows, without a restart.
+#[test]
+fn a_full_file_system_refuses_writes_then_heals_without_a_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(fs) = Tmpfs::mount(&root.path().join("fs"), 96) else {
+        eprintln!("skipped: this user cannot mount a tmpfs");
+        return;
+    };
+    let dir = fs.0.join("data");
+    let node = start(&dir).unwrap();
+    let (s, b) =
+        kairos_tests::http_request(node.http, "POST", "/definitions", &[], ECHO.as_bytes())
+            .unwrap();
+    assert_eq!(s, 201, "{b}");
+    let submit = |name: &str| {
+        let body = serde_json::json!({"definitionUri": "registry://jobs/echo",
+            "definitionVersion": 1, "inputs": {"name": name}, "delayMs": 3_600_000});
+        kairos_tests::http_request(
+            node.http,
+            "POST",
+            "/executions",
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+        .unwrap()
+    };
+    let big = "x".repeat(30_000); // a page of 1,000 lists them all
+    let mut first = None;
+    let mut accepted = 0;
+    let refused = loop {
+        let (s, b) = submit(&big);
+        match s {
+            201 => {
+                accepted += 1;
+                first.get_or_insert_with(|| json(&b)["executionId"].as_str().unwrap().to_string());
+            }
+            _ => break (s, b),
+        }
+        assert!(accepted < 10_000, "96 MiB never filled");
+    };
+    assert_eq!(refused.0, 507, "{}", refused.1);
+    assert!(refused.1.contains("storage_full"), "{}", refused.1);
+    let (s, b) = kairos_tests::http_request(node.http, "GET", "/healthz", &[], b"").unwrap();
+    assert_eq!(s, 503, "{b}");
+    assert!(b.starts_with("writes-refused"), "{b}");
+    let (s, b) = kairos_tests::http_request(
+        node.http,
+        "GET",
+        &format!("/executions/{}", first.unwrap()),
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(s, 200, "reads go on: {b}");
+
+    fs.grow(256);
+    let (s, b) = submit("after");
+    assert_eq!(s, 201, "the first write after space returns goes through: {b}");
+    let (s, b) = kairos_tests::http_request(node.http, "GET", "/healthz", &[], b"").unwrap();
+    assert_eq!(s, 200, "{b}");
+    let (s, b) =
+        kairos_tests::http_request(node.http, "GET", "/executions?limit=1000", &[], b"").unwrap();
+    assert_eq!(s, 200);
+    let listed = json(&b)["executions"].as_array().unwrap().len();
+    assert_eq!(listed, accepted + 1, "every acknowledged execution is there");
+    node.stop();
+}

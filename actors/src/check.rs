@@ -73,7 +73,7 @@ pub async fn run(config: &NodeConfig) -> anyhow::Result<bool> {
             Ok(damaged || !r.is_clean())
         }
         Err(e) => {
-            println!("records: reading them failed — {e}");
+            println!("records: reading them failed — {e:#}");
             Ok(true)
         }
     }

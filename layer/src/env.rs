@@ -154,12 +154,31 @@ impl Clock for ManualClock {
 #[derive(Debug, Clone)]
 pub struct Rng {
     state: Arc<Mutex<u64>>,
+    /// Seeded from the OS: [`secret`](Rng::secret) then reads the OS's random source too.
+    entropy: bool,
 }
 
 impl Rng {
     /// A source seeded with `seed`.
     pub fn seeded(seed: u64) -> Self {
-        Rng { state: Arc::new(Mutex::new(seed)) }
+        Rng { state: Arc::new(Mutex::new(seed)), entropy: false }
+    }
+
+    /// `n` bytes for a key that must not be predictable from values this generator hands out
+    /// (ids): from the OS's random source when this source came from [`from_entropy`]
+    /// (production), from the sequence otherwise (tests and the simulation stay replayable).
+    ///
+    /// [`from_entropy`]: Rng::from_entropy
+    pub fn secret(&self, n: usize) -> Vec<u8> {
+        let mut out = vec![0u8; n];
+        if self.entropy && getrandom::fill(&mut out).is_ok() {
+            return out;
+        }
+        for chunk in out.chunks_mut(8) {
+            let b = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+        out
     }
 
     /// A source seeded from the OS (for production use only; tests and the simulation seed
@@ -168,7 +187,7 @@ impl Rng {
     pub fn from_entropy() -> Self {
         use std::hash::{BuildHasher, RandomState};
         let seed = RandomState::new().hash_one(std::time::SystemTime::now());
-        Rng::seeded(seed)
+        Rng { entropy: true, ..Rng::seeded(seed) }
     }
 
     /// An independent source derived from this one (for a sub-component).

@@ -518,3 +518,27 @@ async fn claim_receipts_of_workers_that_never_return_are_cleared() {
     w.sched.claim(NS, "report", "someone-else", 1, None).await.unwrap();
     assert_eq!(receipts(&w.dump().await), 1, "only the new claim's own receipt is left");
 }
+
+/// A worker's mistakes are its own: results for an execution never claimed (token 0, or any
+/// token) are refused as a failed precondition, never reported as corrupt data.
+#[tokio::test]
+async fn results_for_a_never_claimed_execution_are_a_precondition_failure() {
+    let w = world(9, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0 + 60_000)).await.unwrap().execution.id;
+    let before = w.dump().await;
+    for token in [0, 1] {
+        let results = [
+            w.sched.fail(NS, &id, token, err("x", true)).await.unwrap_err(),
+            w.sched.complete(NS, &id, token, Vec::new(), String::new()).await.unwrap_err(),
+            w.sched.heartbeat(NS, &id, token).await.unwrap_err(),
+            w.sched.release(NS, &id, token).await.unwrap_err(),
+        ];
+        for e in &results {
+            assert!(
+                matches!(e, Error::FencedOut { .. } | Error::FailedPrecondition(_)),
+                "token {token}: {e:?}"
+            );
+        }
+    }
+    assert_eq!(w.dump().await, before, "nothing changed");
+}

@@ -4,6 +4,8 @@
 //! - [`storage::v1`]: the records stored in the keyspace (`kairos/storage/v1/records.proto`).
 //! - [`v1`]: the gRPC API (`kairos/v1/api.proto`).
 
+pub mod codec;
+
 /// Records stored in the keyspace.
 pub mod storage {
     /// Version 1 of the stored records.

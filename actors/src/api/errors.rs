@@ -54,7 +54,7 @@ pub fn retry_after_secs(e: &Error) -> Option<u64> {
 /// An error as a gRPC status (with a `retry-after` metadata entry, in seconds, when waiting
 /// helps).
 pub fn status(e: &Error) -> tonic::Status {
-    let mut s = tonic::Status::new(classify(e).0, e.to_string());
+    let mut s = tonic::Status::new(classify(e).0, shorten(e.to_string()));
     if let Some(secs) = retry_after_secs(e) {
         s.metadata_mut().insert("retry-after", secs.into());
     }
@@ -88,7 +88,23 @@ pub fn http(e: &Error) -> (StatusCode, ErrorBody) {
         Error::InvalidArgument { field, .. } => Some(field.clone()),
         _ => None,
     };
-    (status, body(code, field, e.to_string()))
+    (status, body(code, field, shorten(e.to_string())))
+}
+
+/// Longest error message sent (whatever a client sent, its error stays small enough for any
+/// client's metadata limits).
+pub const MESSAGE_BYTES_MAX: usize = 512;
+
+/// `m`, cut at [`MESSAGE_BYTES_MAX`] bytes (on a character boundary) with the length said.
+pub fn shorten(m: String) -> String {
+    if m.len() <= MESSAGE_BYTES_MAX {
+        return m;
+    }
+    let mut cut = MESSAGE_BYTES_MAX - 40;
+    while !m.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &m[..cut], m.len())
 }
 
 /// An HTTP error body.

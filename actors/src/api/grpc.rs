@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use kairos_layer::definition::{parse_definition, parse_definition_uri};
+use kairos_layer::definition::parse_definition_uri;
 use kairos_layer::keys::Space;
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::query::ListQuery;
@@ -570,6 +570,10 @@ impl WorkerService for Api {
     async fn poll(&self, req: Request<PollRequest>) -> Reply<PollResponse> {
         let r = req.into_inner();
         let ns = or_default(&r.namespace);
+        let checks = [("namespace", &ns), ("queue", &r.queue), ("workerId", &r.worker_id)];
+        for (field, v) in checks {
+            ops::submit::check_name(field, v).map_err(|e| status(&e))?;
+        }
         let lease_ms = check_lease(r.lease_ms).map_err(|e| status(&e))?;
         let claimed = self
             .node
@@ -666,8 +670,7 @@ impl DefinitionService for Api {
         req: Request<RegisterDefinitionRequest>,
     ) -> Reply<RegisterDefinitionResponse> {
         let r = req.into_inner();
-        let def =
-            parse_definition(&r.source).map_err(|e| status(&invalid(e.field(), e.reason())))?;
+        let def = super::parse_definition(r.source.into_bytes()).await.map_err(|e| status(&e))?;
         let (d, created) = self
             .node
             .scheduler()

@@ -15,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use kairos_layer::definition::{parse_definition, parse_definition_uri};
+use kairos_layer::definition::parse_definition_uri;
 use kairos_layer::kv::StoreHealth;
 use kairos_layer::ops::query::ListQuery;
 use kairos_layer::ops::submit::SubmitRequest;
@@ -23,11 +23,14 @@ use kairos_layer::ops::{self, error::invalid};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub(crate) use self::input::namespace;
+use self::input::{json_body, query_error};
 use super::errors;
 use super::json::{self, parse_rfc3339};
 use crate::node::Node;
 
 mod cron;
+mod input;
 
 /// Largest request body accepted.
 pub const BODY_BYTES_MAX: usize = 256 * 1024;
@@ -39,16 +42,6 @@ fn error_response(e: &ops::Error) -> Response {
         r.headers_mut().insert(header::RETRY_AFTER, secs.into());
     }
     r
-}
-
-fn namespace(headers: &HeaderMap) -> Result<String, ops::Error> {
-    match headers.get("kairos-namespace") {
-        None => Ok("default".into()),
-        Some(v) => v
-            .to_str()
-            .map(str::to_string)
-            .map_err(|_| invalid("Kairos-Namespace", "must be printable ASCII")),
-    }
 }
 
 /// The body of `POST /executions`.
@@ -77,7 +70,7 @@ fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::
                 .map_err(|_| invalid("Idempotency-Key", "must be printable ASCII"))?,
         ),
     };
-    let b: SubmitBody = serde_json::from_slice(body).map_err(|e| json_error(&e))?;
+    let b: SubmitBody = json_body(body)?;
     let name =
         parse_definition_uri(&b.definition_uri).map_err(|e| invalid(e.field(), e.reason()))?;
     let execute_at_ms = match (&b.execute_at, b.delay_ms) {
@@ -102,17 +95,6 @@ fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::
         delay_ms: b.delay_ms,
         idempotency_key,
     })
-}
-
-/// A JSON body error, naming the field when serde does (`missing field`, `unknown field`,
-/// `invalid type … at line 1 column 40`).
-fn json_error(e: &serde_json::Error) -> ops::Error {
-    let msg = e.to_string();
-    let field = ["definitionUri", "definitionVersion", "inputs", "executeAt", "delayMs"]
-        .into_iter()
-        .find(|f| msg.contains(&format!("`{f}`")))
-        .unwrap_or("body");
-    invalid(field, format!("malformed JSON: {msg}"))
 }
 
 async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Response {
@@ -192,7 +174,7 @@ async fn list(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Response {
     let r = async {
-        let Query(p) = params.map_err(|e| invalid("query", e.body_text()))?;
+        let Query(p) = params.map_err(query_error)?;
         if let Some(key) = &p.idempotency_key {
             // The execution submitted with this key, as a one-item list (a client that lost
             // the reply to its POST).
@@ -210,7 +192,7 @@ async fn list(
                 .ok_or_else(|| invalid("status", format!("unknown status {s:?}")))?,
             ),
         };
-        let cursor = match &p.cursor {
+        let cursor = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
             None => None,
             Some(c) => {
                 Some(hex_decode(c).ok_or_else(|| invalid("cursor", "not a cursor from this API"))?)
@@ -257,7 +239,7 @@ async fn register_definition(
 ) -> Response {
     let r = async {
         let ns = namespace(&headers)?;
-        let def = parse_definition(&body).map_err(|e| invalid(e.field(), e.reason()))?;
+        let def = super::parse_definition(body.to_vec()).await?;
         node.scheduler().register_definition(&ns, def).await
     }
     .await;
@@ -284,8 +266,10 @@ async fn get_definition(
     params: Result<Query<VersionParam>, QueryRejection>,
 ) -> Response {
     let r = async {
-        let Query(p) = params.map_err(|e| invalid("version", e.body_text()))?;
-        node.scheduler().get_definition(&namespace(&headers)?, &name, p.version).await
+        let Query(p) = params.map_err(query_error)?;
+        // 0 is the latest, as over gRPC.
+        let version = p.version.filter(|v| *v != 0);
+        node.scheduler().get_definition(&namespace(&headers)?, &name, version).await
     }
     .await;
     match r {
@@ -334,6 +318,43 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
+async fn method_not_allowed() -> Response {
+    let body = errors::body(tonic::Code::Unimplemented, None, "method not allowed here".into());
+    (StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response()
+}
+
+/// Error answers made outside the handlers (a body over the limit, an extractor's rejection)
+/// in the API's one JSON shape.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    // 4xx only: `/healthz` answers 503 in plain text on purpose.
+    if !status.is_client_error() || is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let (code, field) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            (tonic::Code::InvalidArgument, Some(format!("body over {BODY_BYTES_MAX} bytes")))
+        }
+        _ => (tonic::Code::InvalidArgument, None),
+    };
+    let (field, message) = match field {
+        Some(m) => (Some("body".to_string()), m),
+        None => (None, if text.is_empty() { status.to_string() } else { text }),
+    };
+    let body = serde_json::to_vec(&errors::body(code, field, errors::shorten(message)))
+        .unwrap_or_default();
+    parts.headers.insert(header::CONTENT_TYPE, "application/json".parse().expect("a header"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
 /// The routes of the node's HTTP endpoint.
 pub fn router(node: Node) -> Router {
     Router::new()
@@ -346,7 +367,9 @@ pub fn router(node: Node) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(node)
 }
 

@@ -38,6 +38,8 @@ mod tests;
 
 /// Largest definition file accepted, in bytes (256 KiB).
 pub const MAX_DEFINITION_BYTES: usize = 256 * 1024;
+/// Deepest nesting of collections a definition file may have (a definition needs about 4).
+pub const MAX_DEFINITION_NESTING: usize = 64;
 /// `retry.max_attempts` when the file does not set it.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// `retry.base_delay` when the file does not set it (1s).
@@ -124,6 +126,17 @@ pub fn parse_definition(source: impl AsRef<[u8]>) -> Result<JobDefinition> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| err("definition", format!("file is not valid UTF-8 ({e})")))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    // Bounded before any parser runs: a YAML parser's work grows faster than linearly with
+    // nesting (100,000 levels of `[[[…]]]` took 23 s), and no definition needs more than a few.
+    let depth = nesting_bound(text);
+    if depth > MAX_DEFINITION_NESTING {
+        return Err(err(
+            "definition",
+            format!(
+                "nests {depth} levels deep or more, over the limit of {MAX_DEFINITION_NESTING}"
+            ),
+        ));
+    }
     let root = if text.trim_start().starts_with('{') {
         serde_json::from_str::<Node>(text)
             .map_err(|e| err("definition", format!("invalid JSON: {e}")))?
@@ -505,4 +518,58 @@ pub fn parse_definition_uri(uri: &str) -> Result<String> {
             ),
         )),
     }
+}
+
+/// An upper bound on how deeply a YAML or JSON text nests collections, found in one linear
+/// pass without parsing: open flow brackets (`[`, `{`, outside quotes and comments) plus the
+/// block-sequence dashes that start a line (`- - - x`). Indentation nesting needs a column per
+/// level, so the size limit already bounds it. Block scalars (`|`, `>`) are skipped.
+pub fn nesting_bound(text: &str) -> usize {
+    let (mut flow, mut max) = (0usize, 0usize);
+    // The indentation of a block scalar's header line while inside its content.
+    let mut scalar_at: Option<usize> = None;
+    for line in text.lines() {
+        let body = line.trim_start_matches([' ', '\t']);
+        let indent = line.len() - body.len();
+        if let Some(at) = scalar_at {
+            if body.is_empty() || indent > at {
+                continue;
+            }
+            scalar_at = None;
+        }
+        let mut rest = body;
+        let mut dashes = 0;
+        while let Some(r) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
+            dashes += 1;
+            rest = r.trim_start_matches([' ', '\t']);
+        }
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        for c in rest.chars() {
+            match (quote, c) {
+                (Some('"'), '\\') if prev == '\\' => {
+                    prev = ' ';
+                    continue;
+                }
+                (Some(q), c) if c == q && !(q == '"' && prev == '\\') => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') if prev == ' ' || prev == '\t' => break,
+                (None, '[' | '{') => {
+                    flow += 1;
+                    max = max.max(flow + dashes);
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            prev = c;
+        }
+        max = max.max(dashes + flow);
+        let head = rest.trim_end();
+        let header = head.rsplit_once(' ').map_or(head, |(_, last)| last);
+        if flow == 0 && (header.starts_with('|') || header.starts_with('>')) && header.len() <= 3 {
+            scalar_at = Some(indent);
+        }
+    }
+    max
 }

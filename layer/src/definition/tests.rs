@@ -697,3 +697,33 @@ fn defaults_are_validated_and_typed() {
     let def = def_with_input("{type: int, default: null}");
     assert!(def.inputs[0].required && def.inputs[0].default_json.is_empty());
 }
+
+#[test]
+fn deep_nesting_is_refused_before_any_parser_runs() {
+    // 100,000 levels of flow sequences: what took a YAML parser 23 s. The refusal comes from
+    // the linear pre-scan (its message), so the parser never saw the text.
+    let deep = format!("x: {}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let e = parse_definition(&deep).unwrap_err();
+    assert_eq!(e.field(), "definition");
+    assert!(e.reason().contains("over the limit of 64"), "{e}");
+    // The same in JSON, block sequences on one line, and mappings.
+    let json = format!("{}{}", "{\"a\":".repeat(70), "}".repeat(70));
+    assert!(parse_definition(&json).unwrap_err().reason().contains("nests"));
+    let dashes = format!("x:\n  {}y\n", "- ".repeat(1_000));
+    assert!(parse_definition(&dashes).unwrap_err().reason().contains("nests"));
+    // Just at the limit: the pre-scan lets it through (the schema then refuses it).
+    let ok_depth = format!("x: {}{}", "[".repeat(64), "]".repeat(64));
+    assert_eq!(nesting_bound(&ok_depth), 64);
+    assert!(!parse_definition(&ok_depth).unwrap_err().reason().contains("nests"));
+}
+
+#[test]
+fn brackets_in_strings_comments_and_block_scalars_are_not_nesting() {
+    assert!(nesting_bound(SEED) <= 2, "{}", nesting_bound(SEED));
+    let many = "[".repeat(100);
+    let src = format!(
+        "name: brackets\nversion: 1\n# {many}\nexecution:\n  type: command\n  command: [\"sh\", \"-c\", \"echo '{many}'\"]\n  env:\n    A: '{many}'\n    B: |\n      {many}\n      {many}\n    C: \"x\"\n"
+    );
+    assert!(nesting_bound(&src) <= 3, "{}", nesting_bound(&src));
+    parse(&src);
+}

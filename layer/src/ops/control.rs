@@ -27,6 +27,7 @@ impl Scheduler {
     /// completes anyway. A finished execution is refused with `FailedPrecondition`.
     /// Idempotent.
     pub async fn cancel(&self, ns: &str, id: &str) -> Result<Cancelled> {
+        super::submit::check_ref(ns, id)?;
         let now_ms = self.clock.now().as_millis();
         self.db
             .run(|tx| async move {
@@ -70,6 +71,7 @@ impl Scheduler {
     /// Replays a FAILED execution: READY again, as the next attempt of the same execution,
     /// with a fresh retry budget. Idempotent.
     pub async fn replay(&self, ns: &str, id: &str) -> Result<Execution> {
+        super::submit::check_ref(ns, id)?;
         let now_ms = self.clock.now().as_millis();
         self.db
             .run(|tx| async move {

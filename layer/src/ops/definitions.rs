@@ -46,6 +46,17 @@ impl Scheduler {
         }
         let now_ms = self.clock.now().as_millis();
         let def = JobDefinition { namespace: ns.to_string(), created_at_ms: now_ms, ..def };
+        let stored = prost::Message::encoded_len(&def);
+        if stored > crate::kv::limits::VALUE_BYTES_MAX {
+            return Err(super::error::invalid(
+                "definition",
+                format!(
+                    "is {stored} bytes once stored, over the limit of {} for one definition \
+                     (keep large scripts and data out of the definition)",
+                    crate::kv::limits::VALUE_BYTES_MAX
+                ),
+            ));
+        }
         self.db
             .run(|tx| {
                 let def = def.clone();

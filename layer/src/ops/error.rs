@@ -109,3 +109,13 @@ impl From<crate::keys::KeyError> for Error {
 pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
     Error::InvalidArgument { field: field.into(), reason: reason.into() }
 }
+
+/// A client's value as an error message shows it: quoted, cut after 64 characters with its
+/// length said (a 100 KB value is not sent back whole).
+pub fn shown(value: &str) -> String {
+    const SHOWN: usize = 64;
+    match value.char_indices().nth(SHOWN) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),
+    }
+}

@@ -21,6 +21,7 @@ pub mod check;
 pub mod claim;
 pub mod control;
 pub mod cron;
+pub mod cursor;
 pub mod definitions;
 pub mod error;
 pub mod fire;
@@ -108,10 +109,16 @@ impl Scheduler {
         let now_ms = clock.now().as_millis();
         let config = db
             .run(|tx| {
-                let ks = ks.clone();
+                let (ks, rng) = (ks.clone(), rng.clone());
                 async move {
+                    let secret = || rng.secret(32);
                     if let Some(v) = tx.get(&ks.cluster()).await? {
-                        return decode::<ClusterConfig>("cluster config", &v);
+                        let mut config = decode::<ClusterConfig>("cluster config", &v)?;
+                        if config.cursor_secret.is_empty() {
+                            config.cursor_secret = secret();
+                            tx.set(&ks.cluster(), &encode(&config))?;
+                        }
+                        return Ok::<_, Error>(config);
                     }
                     let config = ClusterConfig {
                         shard_count: params.shard_count,
@@ -119,6 +126,7 @@ impl Scheduler {
                         created_at_ms: now_ms,
                         format_version: FORMAT_VERSION,
                         ready_partitions: params.ready_partitions,
+                        cursor_secret: secret(),
                     };
                     tx.set(&ks.cluster(), &encode(&config))?;
                     // Every shard starts with a watermark, so submits always clamp against one.

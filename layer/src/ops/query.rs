@@ -10,6 +10,7 @@ use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::limits::LIST_PAGE_MAX;
 use super::records::{decode, is_indexed, running_attempt, succeeded_attempt};
+use super::submit::{check_name, check_ref};
 use crate::keys::Tag;
 use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
@@ -29,7 +30,7 @@ pub struct ListQuery {
     pub to_ms: Option<i64>,
     /// Page size (1..=LIST_PAGE_MAX; 0 means 100).
     pub limit: usize,
-    /// Where the previous page stopped (`ListPage::next_cursor`).
+    /// Where the previous page stopped (`ListPage::next_cursor`: opaque, sealed).
     pub cursor: Option<Vec<u8>>,
 }
 
@@ -38,7 +39,8 @@ pub struct ListQuery {
 pub struct ListPage {
     /// Executions, ordered by `execute_at` then id.
     pub executions: Vec<Execution>,
-    /// Pass back to get the next page; `None` at the end.
+    /// Pass back to get the next page (opaque: sealed against alteration and bound to the
+    /// query); `None` at the end.
     pub next_cursor: Option<Vec<u8>>,
     /// Ids in range whose record could not be decoded (a damaged store): skipped and reported
     /// here rather than failing every page that covers them.
@@ -48,6 +50,7 @@ pub struct ListPage {
 impl Scheduler {
     /// Reads an execution.
     pub async fn get(&self, ns: &str, id: &str) -> Result<Execution> {
+        check_ref(ns, id)?;
         let found = self
             .db
             .run(|tx| async move {
@@ -63,6 +66,8 @@ impl Scheduler {
     /// Looks an execution up by the idempotency key it was submitted with (a client that lost
     /// the reply, or the cron service checking an occurrence).
     pub async fn get_by_idempotency_key(&self, ns: &str, key: &str) -> Result<Execution> {
+        check_name("namespace", ns)?;
+        super::submit::check_idempotency_key(key)?;
         let found = self
             .db
             .run(|tx| async move {
@@ -81,6 +86,7 @@ impl Scheduler {
 
     /// The attempts of an execution, first to last, the running one included.
     pub async fn attempts(&self, ns: &str, id: &str) -> Result<Vec<Attempt>> {
+        check_ref(ns, id)?;
         self.db
             .run(|tx| async move {
                 let (rows, e) = futures_util::future::try_join(
@@ -161,6 +167,7 @@ impl Scheduler {
     /// [`LIST_SCAN_MAX`] index entries in one short transaction; when filters skip many rows it
     /// may come back short (even empty) with a cursor: pass it back to go on.
     pub async fn list(&self, q: &ListQuery) -> Result<ListPage> {
+        check_name("namespace", &q.namespace)?;
         let limit = match q.limit {
             0 => 100,
             n if n > LIST_PAGE_MAX => {
@@ -182,11 +189,9 @@ impl Scheduler {
             (None, Some(d)) => (Tag::ByDefinition, self.ks.by_definition_range(ns, d, from, to)),
             (None, None) => (Tag::ByTime, self.ks.by_time_range(ns, from, to)),
         };
+        let query_range = range.clone();
         if let Some(c) = &q.cursor {
-            if c < &range.begin || c > &range.end {
-                return Err(invalid("cursor", "does not belong to this query"));
-            }
-            range.begin = c.clone();
+            range.begin = super::cursor::open(&self.config.cursor_secret, &query_range, c)?;
         }
         let range = &range;
         self.db
@@ -243,6 +248,12 @@ impl Scheduler {
                 }
             })
             .await
+            .map(|mut page: ListPage| {
+                page.next_cursor = page.next_cursor.map(|position| {
+                    super::cursor::seal(&self.config.cursor_secret, &query_range, &position)
+                });
+                page
+            })
     }
 }
 

@@ -57,8 +57,31 @@ pub fn check_name(field: &str, value: &str) -> Result<()> {
         return Err(invalid(
             field,
             format!(
-                "must be 1-{} characters of letters, digits and -_.:/@, got {value:?}",
-                super::limits::NAME_BYTES_MAX
+                "must be 1-{} characters of letters, digits and -_.:/@, got {}",
+                super::limits::NAME_BYTES_MAX,
+                super::error::shown(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the namespace and execution id a request names (reads as writes: an id that
+/// cannot exist is refused naming the field, not looked up).
+pub fn check_ref(ns: &str, id: &str) -> Result<()> {
+    check_name("namespace", ns)?;
+    check_name("executionId", id)
+}
+
+/// Checks an idempotency key's length.
+pub fn check_idempotency_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > super::limits::IDEMPOTENCY_KEY_BYTES_MAX {
+        return Err(invalid(
+            "idempotencyKey",
+            format!(
+                "must be 1-{} bytes, got {} bytes",
+                super::limits::IDEMPOTENCY_KEY_BYTES_MAX,
+                key.len()
             ),
         ));
     }

@@ -98,6 +98,10 @@ pub const COMPLETE_BATCH_MAX: usize = REPORT_BATCH_MAX;
 pub const HEARTBEAT_BATCH_MAX: usize = 1_000;
 
 fn check_report(r: &Report) -> Result<()> {
+    super::submit::check_ref(&r.namespace, &r.execution_id)?;
+    if let Some(w) = &r.worker_id {
+        super::submit::check_name("workerId", w)?;
+    }
     if let Outcome::Success { output_json, output_reference } = &r.outcome {
         if output_json.len() > OUTPUT_BYTES_MAX {
             return Err(invalid(
@@ -367,17 +371,27 @@ impl Scheduler {
         let beats = &beats;
         self.db
             .run(|tx| async move {
-                let loads = beats
+                // A beat naming what cannot exist fails alone, not its batch.
+                let checks: Vec<Result<()>> = beats
                     .iter()
-                    .map(|b| load_execution(&tx, &self.ks, &b.namespace, &b.execution_id));
+                    .map(|b| super::submit::check_ref(&b.namespace, &b.execution_id))
+                    .collect();
+                let tx = &tx;
+                let loads = beats.iter().zip(&checks).map(|(b, c)| async move {
+                    match c {
+                        Ok(()) => load_execution(tx, &self.ks, &b.namespace, &b.execution_id).await,
+                        Err(_) => Ok(None),
+                    }
+                });
                 let found = futures_util::future::try_join_all(loads).await?;
                 let mut out = Vec::with_capacity(beats.len());
-                for (b, e) in beats.iter().zip(found) {
-                    out.push(match e {
-                        None => {
+                for ((b, e), c) in beats.iter().zip(found).zip(checks) {
+                    out.push(match (c, e) {
+                        (Err(invalid), _) => Err(invalid),
+                        (Ok(()), None) => {
                             Err(Error::NotFound { what: "execution", id: b.execution_id.clone() })
                         }
-                        Some(mut e) => self.beat(&tx, &mut e, b, now_ms),
+                        (Ok(()), Some(mut e)) => self.beat(tx, &mut e, b, now_ms),
                     });
                 }
                 Ok(out)

@@ -100,41 +100,11 @@ struct JobBody {
     paused: Option<bool>,
 }
 
-const FIELDS: [&str; 21] = [
-    "cronJobId",
-    "definitionUri",
-    "definitionVersion",
-    "inputs",
-    "expression",
-    "timezone",
-    "policies",
-    "startAt",
-    "endAt",
-    "remainingRuns",
-    "notes",
-    "paused",
-    "dstGap",
-    "dstFold",
-    "missed",
-    "catchUpWindowMs",
-    "overlap",
-    "pauseOnFailure",
-    "jitterMs",
-    "catchUp",
-    "until",
-];
-
-fn body_error(e: &serde_json::Error) -> ops::Error {
-    let msg = e.to_string();
-    let field = FIELDS.into_iter().find(|f| msg.contains(&format!("`{f}`"))).unwrap_or("body");
-    invalid(field, format!("malformed JSON: {msg}"))
-}
-
 fn parse<T: for<'a> Deserialize<'a> + Default>(body: &[u8]) -> Result<T, ops::Error> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| body_error(&e))
+    super::input::json_body(body)
 }
 
 fn time(field: &str, v: &Option<String>) -> Result<Option<i64>, ops::Error> {
@@ -347,7 +317,7 @@ async fn list(
 ) -> Response {
     respond(
         async {
-            let Query(p) = params.map_err(|e| invalid("query", e.body_text()))?;
+            let Query(p) = params.map_err(super::input::query_error)?;
             let page = node
                 .scheduler()
                 .list_cron_jobs(&namespace(&headers)?, p.limit.unwrap_or(0), p.cursor.as_deref())
@@ -369,9 +339,10 @@ async fn runs(
 ) -> Response {
     respond(
         async {
-            let Query(p) = params.map_err(|e| invalid("query", e.body_text()))?;
-            let cursor = match &p.cursor {
+            let Query(p) = params.map_err(super::input::query_error)?;
+            let cursor = match p.cursor.as_deref() {
                 None => None,
+                Some("") => None,
                 Some(c) => Some(hex_decode(c).ok_or_else(|| invalid("cursor", "not a cursor from this API"))?),
             };
             let page = node
@@ -406,7 +377,7 @@ async fn preview(
 ) -> Response {
     respond(
         async {
-            let Query(p) = params.map_err(|e| invalid("query", e.body_text()))?;
+            let Query(p) = params.map_err(super::input::query_error)?;
             let req = api::PreviewRequest {
                 expression: p.expression.ok_or_else(|| invalid("expression", "is required"))?,
                 timezone: p.timezone.unwrap_or_else(|| "UTC".into()),

@@ -483,11 +483,10 @@ impl Scheduler {
             n => n.min(CRON_LIST_PAGE_MAX),
         };
         let mut range = self.ks.idempotency_prefix(ns, &job_key_prefix(id));
+        let query_range = range.clone();
         if let Some(c) = cursor {
-            if c < range.begin || c >= range.end {
-                return Err(invalid("cursor", "not a cursor of this cron job's runs"));
-            }
-            range.begin = key_after(&c);
+            let position = super::cursor::open(&self.config.cursor_secret, &query_range, &c)?;
+            range.begin = key_after(&position);
         }
         let range = &range;
         let (executions, last) = self
@@ -524,7 +523,9 @@ impl Scheduler {
                 Err(id) => unreadable.push(id),
             }
         }
-        Ok(RunsPage { executions: runs, next_cursor: last, unreadable })
+        let next_cursor =
+            last.map(|p| super::cursor::seal(&self.config.cursor_secret, &query_range, &p));
+        Ok(RunsPage { executions: runs, next_cursor, unreadable })
     }
 }
 

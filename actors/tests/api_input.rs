@@ -1,0 +1,243 @@
+//! Bad input through both APIs, as a careless client or an attacker sends it: every mistake
+//! is the client's (INVALID_ARGUMENT / 400 naming the field, FAILED_PRECONDITION / 409), never
+//! INTERNAL; messages stay short whatever was sent; HTTP errors have one JSON shape.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use kairos_actors::config::{Backend, NodeConfig};
+use kairos_actors::node::Node;
+use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
+use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
+use kairos_proto::v1;
+use serde_json::Value;
+use tonic::Code;
+use tower::ServiceExt;
+
+const DEF: &str = "name: echo\nversion: 1\ninputs:\n  name: string\nexecution: {type: command, command: [\"true\"]}\n";
+
+async fn node() -> Node {
+    let clock: SharedClock =
+        Arc::new(TokioClock::starting_at(Timestamp::from_millis(1_790_000_000_000)));
+    let db = MemoryDatabase::open(clock.clone(), Rng::seeded(1), FaultConfig::none());
+    let config = NodeConfig {
+        node_id: Some("n1".into()),
+        backend: Backend::Memory,
+        shard_count: 4,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config, db, clock, Rng::seeded(2)).await.unwrap();
+    let def = kairos_layer::definition::parse_definition(DEF).unwrap();
+    node.scheduler().register_definition("default", def).await.unwrap();
+    node
+}
+
+/// `(status, JSON body)`; a body that is not JSON fails the test (every answer is JSON).
+async fn http(node: &Node, method: &str, uri: &str, body: &str) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = kairos_actors::api::http::router(node.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 22).await.unwrap();
+    let v = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "{method} {uri}: {status} body is not JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    (status, v)
+}
+
+fn field(v: &Value) -> &str {
+    v["error"]["field"].as_str().unwrap_or("")
+}
+
+fn message(v: &Value) -> &str {
+    v["error"]["message"].as_str().unwrap_or("")
+}
+
+const SUBMIT: &str = r#"{"definitionUri": "registry://jobs/echo", "definitionVersion": 1, "inputs": {"name": "x"}, "delayMs": 1000}"#;
+
+#[tokio::test(start_paused = true)]
+async fn http_errors_name_the_field_in_one_json_shape() {
+    let node = node().await;
+    let big = "q".repeat(100_000);
+    let cases: Vec<(&str, String, String, StatusCode, &str)> = vec![
+        // (method, uri, body, status, field)
+        ("POST", "/executions".into(), r#"{"definitionUri": "registry://jobs/echo", "definitionVersion": 1, "inputs": {"name": "x"}, "delayMs": 1000, "bogus": 1}"#.into(), StatusCode::BAD_REQUEST, "bogus"),
+        ("POST", "/executions".into(), r#"{"definitionUri": "registry://jobs/echo", "definitionVersion": -1, "inputs": {}}"#.into(), StatusCode::BAD_REQUEST, "definitionVersion"),
+        ("POST", "/executions".into(), format!("[{SUBMIT}]"), StatusCode::BAD_REQUEST, "body"),
+        ("GET", "/executions?limit=-1".into(), String::new(), StatusCode::BAD_REQUEST, "limit"),
+        ("GET", "/executions?status=nonsense".into(), String::new(), StatusCode::BAD_REQUEST, "status"),
+        ("GET", format!("/executions/{}", "e".repeat(20_000)), String::new(), StatusCode::BAD_REQUEST, "executionId"),
+        ("GET", "/executions?cursor=zz".into(), String::new(), StatusCode::BAD_REQUEST, "cursor"),
+        ("POST", "/definitions".into(), format!("x: {}{}", "[".repeat(100_000), "]".repeat(100_000)), StatusCode::BAD_REQUEST, "definition"),
+    ];
+    for (method, uri, body, want, want_field) in cases {
+        let (s, v) = http(&node, method, &uri, &body).await;
+        assert_eq!(s, want, "{method} {}: {v}", &uri[..uri.len().min(60)]);
+        assert_eq!(field(&v), want_field, "{method} {}: {v}", &uri[..uri.len().min(60)]);
+        assert!(message(&v).len() < 1_000, "a short message: {}", message(&v).len());
+    }
+    // A namespace of 100 KB: refused on reads as on writes, and not echoed whole.
+    let req = Request::builder()
+        .uri("/executions")
+        .header("kairos-namespace", big.as_str())
+        .body(Body::empty())
+        .unwrap();
+    let resp = kairos_actors::api::http::router(node.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 22).await.unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(field(&v), "namespace", "{v}");
+    assert!(bytes.len() < 1_000, "{} bytes", bytes.len());
+    // 405 and 413 answer in the same shape.
+    let (s, v) = http(&node, "PUT", "/executions", "").await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(!message(&v).is_empty(), "{v}");
+    let (s, v) = http(&node, "POST", "/executions", &"x".repeat(300 * 1024)).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(field(&v), "body", "{v}");
+    // An empty cursor is no cursor; version 0 is the latest, as over gRPC.
+    let (s, v) = http(&node, "GET", "/executions?cursor=", "").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = http(&node, "GET", "/definitions/echo?version=0", "").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["version"], 1);
+    node.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn list_cursors_are_opaque_and_tamper_evident() {
+    let node = node().await;
+    for _ in 0..3 {
+        let (s, v) = http(&node, "POST", "/executions", SUBMIT).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    let (s, v) = http(&node, "GET", "/executions?limit=1", "").await;
+    assert_eq!(s, StatusCode::OK);
+    let cursor = v["nextCursor"].as_str().unwrap().to_string();
+    let (s, v2) = http(&node, "GET", &format!("/executions?limit=1&cursor={cursor}"), "").await;
+    assert_eq!(s, StatusCode::OK, "{v2}");
+    assert_ne!(v["executions"][0]["executionId"], v2["executions"][0]["executionId"]);
+    // Change one character: refused, not read as another position.
+    let mut bytes = cursor.clone().into_bytes();
+    let i = bytes.len() / 2;
+    bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(bytes).unwrap();
+    let (s, v3) = http(&node, "GET", &format!("/executions?limit=1&cursor={tampered}"), "").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v3}");
+    assert_eq!(field(&v3), "cursor");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_mistakes_are_the_clients_not_internal() {
+    let node = node().await;
+    let (addr, _server) = kairos_actors::api::grpc::Api::new(node.clone())
+        .serve("127.0.0.1:0".parse().unwrap(), std::future::pending())
+        .await
+        .unwrap();
+    let channel =
+        tonic::transport::Endpoint::new(format!("http://{addr}")).unwrap().connect().await.unwrap();
+
+    // Invalid UTF-8 where the API has a string: a message that does not decode.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RawGet {
+        #[prost(bytes = "vec", tag = "2")]
+        execution_id: Vec<u8>,
+    }
+    let mut raw = tonic::client::Grpc::new(channel.clone());
+    raw.ready().await.unwrap();
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/kairos.v1.ExecutionService/Get");
+    let r: Result<tonic::Response<v1::GetExecutionResponse>, _> = raw
+        .unary(
+            tonic::Request::new(RawGet { execution_id: vec![0xff, 0xfe, 0x41] }),
+            path,
+            kairos_proto::codec::KairosCodec::default(),
+        )
+        .await;
+    let e = r.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    let mut executions = v1::execution_service_client::ExecutionServiceClient::new(channel.clone());
+    let mut workers = v1::worker_service_client::WorkerServiceClient::new(channel.clone());
+    // Oversized values: refused naming the field, the message short enough for any client.
+    let big = "w".repeat(100_000);
+    let e = executions
+        .get(v1::GetExecutionRequest { execution_id: big.clone(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("executionId") && e.message().len() < 1_000,
+        "{}",
+        e.message().len()
+    );
+    let e = executions
+        .list(v1::ListExecutionsRequest { namespace: big.clone(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().len() < 1_000);
+    let e = workers
+        .poll(v1::PollRequest {
+            queue: big.clone(),
+            worker_id: big.clone(),
+            max_executions: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().len() < 1_000, "{}", e.message().len());
+    // A result for an execution nobody claimed: a failed precondition.
+    let id = executions
+        .submit(v1::SubmitRequest {
+            definition_uri: "registry://jobs/echo".into(),
+            definition_version: 1,
+            inputs_json: r#"{"name": "x"}"#.into(),
+            when: Some(v1::submit_request::When::DelayMs(60_000)),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution_id;
+    for token in [0, 1] {
+        let e = workers
+            .fail(v1::FailRequest {
+                execution_id: id.clone(),
+                fencing_token: token,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "token {token}: {e:?}");
+    }
+    // Unknown list status: refused, not an unfiltered list.
+    let e = executions
+        .list(v1::ListExecutionsRequest { status: 99, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // A 200 KiB execution block: refused naming the definition, not a storage error.
+    let mut defs = v1::definition_service_client::DefinitionServiceClient::new(channel);
+    let huge = format!(
+        "name: huge\nversion: 1\nexecution:\n  type: command\n  command: [\"{}\"]\n",
+        "c".repeat(200 * 1024)
+    );
+    let e = defs
+        .register(v1::RegisterDefinitionRequest { source: huge, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("definition"), "{}", e.message());
+    node.stop().await;
+}

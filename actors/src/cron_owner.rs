@@ -88,67 +88,59 @@ impl CronMetrics {
         }
     }
 
-    /// The cron metrics in the Prometheus text format.
-    pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
+    /// Registers the cron metrics.
+    pub fn register(&self, reg: &mut prometheus_client::registry::Registry) {
+        use crate::metrics::{counter, counters_by, gauge, seconds};
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
         counter(
-            &mut out,
-            "kairos_cron_materialized_total",
+            reg,
+            "kairos_cron_materialized",
             "Executions created for cron occurrences.",
-            load(&self.materialized),
+            &self.materialized,
         );
         counter(
-            &mut out,
-            "kairos_cron_materialize_failed_total",
+            reg,
+            "kairos_cron_materialize_failed",
             "Cron occurrences the API refused.",
-            load(&self.failed),
+            &self.failed,
         );
-        let _ = writeln!(
-            out,
-            "# HELP kairos_cron_missed_total Missed cron occurrences, by policy outcome.\n# TYPE kairos_cron_missed_total counter"
+        counters_by(
+            reg,
+            "kairos_cron_missed",
+            "Missed cron occurrences, by policy outcome.",
+            "outcome",
+            &[
+                ("caught_up", load(&self.missed_caught_up)),
+                ("skipped", load(&self.missed_skipped)),
+                ("expired", load(&self.missed_expired)),
+            ],
         );
-        for (outcome, c) in [
-            ("caught_up", &self.missed_caught_up),
-            ("skipped", &self.missed_skipped),
-            ("expired", &self.missed_expired),
-        ] {
-            let _ = writeln!(out, "kairos_cron_missed_total{{outcome=\"{outcome}\"}} {}", load(c));
-        }
         counter(
-            &mut out,
-            "kairos_cron_skipped_overlap_total",
+            reg,
+            "kairos_cron_skipped_overlap",
             "Cron occurrences skipped: the previous execution had not finished.",
-            load(&self.skipped_overlap),
+            &self.skipped_overlap,
         );
         counter(
-            &mut out,
-            "kairos_cron_cancelled_previous_total",
+            reg,
+            "kairos_cron_cancelled_previous",
             "Executions cancelled for a newer occurrence (cancel-previous).",
-            load(&self.cancelled_previous),
+            &self.cancelled_previous,
         );
         counter(
-            &mut out,
-            "kairos_cron_paused_on_failure_total",
+            reg,
+            "kairos_cron_paused_on_failure",
             "Cron jobs paused because an execution failed.",
-            load(&self.paused_on_failure),
+            &self.paused_on_failure,
         );
-        counter(&mut out, "kairos_cron_rounds_total", "Cron rounds run.", load(&self.rounds));
-        self.lateness.render(
-            &mut out,
-            "kairos_cron_materialize_lateness_seconds",
+        counter(reg, "kairos_cron_rounds", "Cron rounds run.", &self.rounds);
+        seconds(
+            reg,
+            "kairos_cron_materialize_lateness",
             "How late cron occurrences were materialized, after due minus the lookahead.",
+            &self.lateness,
         );
-        let _ = writeln!(
-            out,
-            "# HELP kairos_cron_shards_owned Cron shards this node owns.\n# TYPE kairos_cron_shards_owned gauge\nkairos_cron_shards_owned {}",
-            self.shards_owned.load(Ordering::Relaxed)
-        );
-        out
+        gauge(reg, "kairos_cron_shards_owned", "Cron shards this node owns.", &self.shards_owned);
     }
 }
 

@@ -1,15 +1,23 @@
-//! Node metrics in the Prometheus text format: counters, gauges and fixed-bucket histograms
-//! on atomics (recording never blocks), rendered on scrape.
+//! Node metrics: counters, gauges and fixed-bucket histograms on atomics (recording never
+//! blocks), exposed on scrape through `prometheus-client`'s OpenMetrics encoder (a registry
+//! built from the values read at that moment).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kairos_layer::kv::{Error as KvError, RunObserver};
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::{Registry, Unit};
 
-/// Bucket bounds of latency histograms, in seconds.
-const LATENCY_BUCKETS_S: [f64; 16] = [
-    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+/// Bucket bounds of latency histograms, in seconds: half a millisecond to ten minutes, about
+/// three per decade (lateness is milliseconds when all is well, minutes after an outage).
+const LATENCY_BUCKETS_S: [f64; 19] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
 ];
 
 /// A histogram of durations with [`LATENCY_BUCKETS_S`] bounds.
@@ -36,18 +44,69 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in LATENCY_BUCKETS_S.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
-        }
+    /// The values now, for the encoder.
+    pub(crate) fn snapshot(&self) -> HistogramSnapshot {
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_S
+            .iter()
+            .zip(&self.buckets)
+            .map(|(b, n)| (*b, n.load(Ordering::Relaxed)))
+            .collect();
         let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        let within: u64 = buckets.iter().map(|(_, n)| n).sum();
+        buckets.push((f64::MAX, count.saturating_sub(within)));
+        HistogramSnapshot {
+            sum: self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets,
+        }
     }
+}
+
+/// A histogram's values at scrape time (per-bucket counts; the encoder accumulates them).
+#[derive(Debug)]
+pub(crate) struct HistogramSnapshot {
+    sum: f64,
+    count: u64,
+    buckets: Vec<(f64, u64)>,
+}
+
+impl EncodeMetric for HistogramSnapshot {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum, self.count, &self.buckets, None)
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Registers a counter's current value (the encoder adds `_total`).
+pub(crate) fn counter(reg: &mut Registry, name: &str, help: &str, v: &AtomicU64) {
+    reg.register(name, help, ConstCounter::new(v.load(Ordering::Relaxed)));
+}
+
+/// Registers a gauge's current value.
+pub(crate) fn gauge(reg: &mut Registry, name: &str, help: &str, v: &AtomicI64) {
+    reg.register(name, help, ConstGauge::new(v.load(Ordering::Relaxed)));
+}
+
+/// Registers a latency histogram in seconds (the encoder adds `_seconds`).
+pub(crate) fn seconds(reg: &mut Registry, name: &str, help: &str, h: &Histogram) {
+    reg.register_with_unit(name, help, Unit::Seconds, h.snapshot());
+}
+
+/// Registers counters by one label's values.
+pub(crate) fn counters_by(
+    reg: &mut Registry,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: &[(&str, u64)],
+) {
+    let family = Family::<Vec<(&'static str, String)>, Counter>::default();
+    for (l, v) in values {
+        family.get_or_create(&vec![(label, l.to_string())]).inc_by(*v);
+    }
+    reg.register(name, help, family);
 }
 
 /// Attempt outcomes counted by [`Metrics::attempts`].
@@ -127,165 +186,153 @@ impl Metrics {
         }
     }
 
-    /// Renders the node-local metrics plus `executions` (by state, cluster-wide) in the
-    /// Prometheus text format.
-    pub fn render(&self, executions: &[(String, i64)]) -> String {
-        let mut out = String::new();
-        self.lateness_ready.render(
-            &mut out,
-            "kairos_lateness_ready_seconds",
-            "Time from execute_at until the execution became READY.",
-        );
-        self.lateness_start.render(
-            &mut out,
-            "kairos_lateness_start_seconds",
-            "Time from execute_at until its first attempt started.",
-        );
-        self.commit_latency.render(
-            &mut out,
-            "kairos_store_commit_seconds",
-            "Latency of store transactions, retries included.",
-        );
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
+    /// Registers the node-local metrics plus `executions` (by state, cluster-wide).
+    pub fn register(&self, reg: &mut Registry, executions: &[(String, i64)]) {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP kairos_store_retries_total Store transactions retried, by reason.\n# TYPE kairos_store_retries_total counter"
+        seconds(
+            reg,
+            "kairos_lateness_ready",
+            "Time from execute_at until the execution became READY.",
+            &self.lateness_ready,
         );
-        let _ = writeln!(
-            out,
-            "kairos_store_retries_total{{reason=\"conflict\"}} {}",
-            load(&self.store_retries_conflict)
+        seconds(
+            reg,
+            "kairos_lateness_start",
+            "Time from execute_at until its first attempt started.",
+            &self.lateness_start,
         );
-        let _ = writeln!(
-            out,
-            "kairos_store_retries_total{{reason=\"other\"}} {}",
-            load(&self.store_retries_other)
+        seconds(
+            reg,
+            "kairos_store_commit",
+            "Latency of store transactions, retries included.",
+            &self.commit_latency,
         );
-        let _ = writeln!(
-            out,
-            "# HELP kairos_attempts_total Attempt outcomes reported to this node.\n# TYPE kairos_attempts_total counter"
+        counters_by(
+            reg,
+            "kairos_store_retries",
+            "Store transactions retried, by reason.",
+            "reason",
+            &[
+                ("conflict", load(&self.store_retries_conflict)),
+                ("other", load(&self.store_retries_other)),
+            ],
         );
-        for (i, o) in OUTCOMES.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "kairos_attempts_total{{outcome=\"{o}\"}} {}",
-                load(&self.attempts[i])
-            );
-        }
-        counter(&mut out, "kairos_retries_total", "Retries scheduled.", load(&self.retries));
+        let outcomes: Vec<(&str, u64)> =
+            OUTCOMES.iter().zip(&self.attempts).map(|(o, a)| (*o, load(a))).collect();
+        counters_by(
+            reg,
+            "kairos_attempts",
+            "Attempt outcomes reported to this node.",
+            "outcome",
+            &outcomes,
+        );
+        counter(reg, "kairos_retries", "Retries scheduled.", &self.retries);
+        counter(reg, "kairos_lease_expiries", "Attempt leases that expired.", &self.lease_expiries);
+        counter(reg, "kairos_timers_fired", "Timers fired by this node.", &self.timers_fired);
+        counter(reg, "kairos_claimed", "Executions claimed through this node.", &self.claimed);
         counter(
-            &mut out,
-            "kairos_lease_expiries_total",
-            "Attempt leases that expired.",
-            load(&self.lease_expiries),
-        );
-        counter(
-            &mut out,
-            "kairos_timers_fired_total",
-            "Timers fired by this node.",
-            load(&self.timers_fired),
-        );
-        counter(
-            &mut out,
-            "kairos_claimed_total",
-            "Executions claimed through this node.",
-            load(&self.claimed),
-        );
-        counter(
-            &mut out,
-            "kairos_matched_at_fire_total",
+            reg,
+            "kairos_matched_at_fire",
             "Executions started for a waiting worker by the transaction that fired them.",
-            load(&self.matched_at_fire),
+            &self.matched_at_fire,
         );
         counter(
-            &mut out,
-            "kairos_orphans_released_total",
+            reg,
+            "kairos_orphans_released",
             "Claimed executions whose worker vanished before delivery, released to READY.",
-            load(&self.orphans_released),
+            &self.orphans_released,
         );
         counter(
-            &mut out,
-            "kairos_quarantined_total",
+            reg,
+            "kairos_quarantined",
             "Timers put aside as unprocessable by this node.",
-            load(&self.quarantined),
+            &self.quarantined,
         );
         counter(
-            &mut out,
-            "kairos_clock_skew_suspected_total",
+            reg,
+            "kairos_clock_skew_suspected",
             "Other nodes' heartbeats seen further ahead than max_clock_skew_ms.",
-            load(&self.clock_skew_suspected),
+            &self.clock_skew_suspected,
         );
         counter(
-            &mut out,
-            "kairos_submitted_total",
+            reg,
+            "kairos_submitted",
             "Executions submitted through this node.",
-            load(&self.submitted),
+            &self.submitted,
         );
         counter(
-            &mut out,
-            "kairos_actor_restarts_total",
+            reg,
+            "kairos_actor_restarts",
             "Actors restarted by the node supervisor.",
-            load(&self.actor_restarts),
+            &self.actor_restarts,
         );
-        let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
         gauge(
-            &mut out,
+            reg,
             "kairos_store_cache_bytes",
             "The embedded store's page cache (store_cache_mib).",
-            self.store_cache_bytes.load(Ordering::Relaxed),
+            &self.store_cache_bytes,
         );
         gauge(
-            &mut out,
+            reg,
             "kairos_store_healthy",
             "1: the store takes writes; 0: it refuses them for now (disk full); -1: it failed.",
-            self.store_health.load(Ordering::Relaxed),
+            &self.store_health,
         );
+        gauge(reg, "kairos_shards_owned", "Shards this node owns.", &self.shards_owned);
         gauge(
-            &mut out,
-            "kairos_shards_owned",
-            "Shards this node owns.",
-            self.shards_owned.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
+            reg,
             "kairos_execution_supervisors",
             "In-flight execution supervisors.",
-            self.supervisors.load(Ordering::Relaxed),
+            &self.supervisors,
         );
-        let _ = writeln!(
-            out,
-            "# HELP kairos_executions Executions by state (cluster-wide, all namespaces).\n# TYPE kairos_executions gauge"
-        );
+        let by_state = Family::<Vec<(&'static str, String)>, Gauge>::default();
         for (state, n) in executions {
-            let _ = writeln!(out, "kairos_executions{{state=\"{state}\"}} {n}");
+            by_state.get_or_create(&vec![("state", state.clone())]).set(*n);
         }
-        out
+        reg.register(
+            "kairos_executions",
+            "Executions by state (cluster-wide, all namespaces).",
+            by_state,
+        );
     }
 }
+
+/// Encodes a registry in the OpenMetrics text format.
+pub fn encode(reg: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, reg);
+    out
+}
+
+/// The content type of [`encode`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn renders_prometheus_text() {
+    fn renders_openmetrics_text() {
         let m = Metrics::default();
         m.lateness_ready.observe(Duration::from_millis(3));
         m.lateness_ready.observe(Duration::from_secs(1000));
         m.attempt("succeeded");
         m.retrying(&KvError::NotCommitted);
-        let text = m.render(&[("SCHEDULED".into(), 4)]);
-        assert!(text.contains("kairos_lateness_ready_seconds_bucket{le=\"0.005\"} 1"));
-        assert!(text.contains("kairos_lateness_ready_seconds_bucket{le=\"+Inf\"} 2"));
-        assert!(text.contains("kairos_lateness_ready_seconds_count 2"));
-        assert!(text.contains("kairos_attempts_total{outcome=\"succeeded\"} 1"));
-        assert!(text.contains("kairos_store_retries_total{reason=\"conflict\"} 1"));
-        assert!(text.contains("kairos_executions{state=\"SCHEDULED\"} 4"));
+        m.shards_owned.store(5, Ordering::Relaxed);
+        let mut reg = Registry::default();
+        m.register(&mut reg, &[("SCHEDULED".into(), 4)]);
+        let text = encode(&reg);
+        assert!(text.contains("# TYPE kairos_lateness_ready_seconds histogram"), "{text}");
+        assert!(text.contains("kairos_lateness_ready_seconds_bucket{le=\"0.005\"} 1"), "{text}");
+        assert!(text.contains("kairos_lateness_ready_seconds_bucket{le=\"600.0\"} 1"), "{text}");
+        assert!(text.contains("kairos_lateness_ready_seconds_bucket{le=\"+Inf\"} 2"), "{text}");
+        assert!(text.contains("kairos_lateness_ready_seconds_count 2"), "{text}");
+        assert!(text.contains("kairos_attempts_total{outcome=\"succeeded\"} 1"), "{text}");
+        assert!(text.contains("kairos_store_retries_total{reason=\"conflict\"} 1"), "{text}");
+        assert!(text.contains("kairos_executions{state=\"SCHEDULED\"} 4"), "{text}");
+        assert!(text.contains("kairos_shards_owned 5"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert_eq!(line.split(' ').count(), 2, "sample lines are `name value`: {line}");
         }

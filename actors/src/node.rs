@@ -387,9 +387,10 @@ impl Node {
             .into_iter()
             .map(|(s, n)| (s.as_str_name().trim_start_matches("EXECUTION_STATUS_").to_string(), n))
             .collect();
-        let mut text = self.ctx().metrics.render(&states);
-        text.push_str(&self.ctx().cron.metrics.render());
-        text
+        let mut reg = prometheus_client::registry::Registry::default();
+        self.ctx().metrics.register(&mut reg, &states);
+        self.ctx().cron.metrics.register(&mut reg);
+        crate::metrics::encode(&reg)
     }
 
     /// Drains: stops serving polls (waiting ones get no work), lets in-flight transactions

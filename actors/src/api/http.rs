@@ -290,7 +290,7 @@ async fn list_definitions(State(node): State<Node>, headers: HeaderMap) -> Respo
 }
 
 async fn metrics(State(node): State<Node>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics_text().await)
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], node.metrics_text().await)
 }
 
 /// `200 ok …` while the store takes writes; `503` with the reason while it refuses them (a full

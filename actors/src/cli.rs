@@ -260,12 +260,14 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
         .with_context(|| format!("config log: bad filter {:?}", config.log))?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        crate::config::LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        crate::config::LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);

@@ -19,6 +19,17 @@ pub enum Backend {
     Fdb,
 }
 
+/// How the node writes its log lines (on stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line (for log shippers): timestamp, level, fields, span.
+    Json,
+}
+
 /// The node's configuration. Field names are the YAML keys.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -76,6 +87,8 @@ pub struct NodeConfig {
     pub queue_concurrency: BTreeMap<String, usize>,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
     pub log: String,
+    /// Log line format: `text` or `json`.
+    pub log_format: LogFormat,
     /// The embedded store's page cache, in MiB (memory the store may use beyond the node).
     pub store_cache_mib: u64,
     /// Create a new, empty store even though the data directory shows that one existed (its
@@ -110,6 +123,7 @@ impl Default for NodeConfig {
             poll_wait_max_ms: 60_000,
             queue_concurrency: BTreeMap::new(),
             log: "info".into(),
+            log_format: LogFormat::Text,
             store_cache_mib: 128,
             new_store: false,
         }
@@ -136,7 +150,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 10] = [
+pub const ENV_VARS: [(&str, &str); 12] = [
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -144,6 +158,8 @@ pub const ENV_VARS: [(&str, &str); 10] = [
     ("KAIROS_LISTEN_GRPC", "listen_grpc"),
     ("KAIROS_CLUSTER", "cluster"),
     ("KAIROS_LOG", "log"),
+    ("KAIROS_LOG_FORMAT", "log_format"),
+    ("KAIROS_STORE_CACHE_MIB", "store_cache_mib"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
     ("KAIROS_REGION", "region"),
     ("KAIROS_PRIMARY_REGION", "primary_region"),
@@ -201,6 +217,13 @@ impl NodeConfig {
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
             "log" => self.log = value.to_string(),
+            "log_format" => {
+                self.log_format = match value {
+                    "text" => LogFormat::Text,
+                    "json" => LogFormat::Json,
+                    other => return Err(bad(setting, format!("{other:?} is not text or json"))),
+                }
+            }
             "store_cache_mib" => self.store_cache_mib = num(value)?,
             "new_store" => {
                 self.new_store = match value {
@@ -332,5 +355,22 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().setting, "ready_partitions");
         assert_eq!(NodeConfig { shard_count: 8, ..NodeConfig::default() }.ready_partitions(), 8);
         assert_eq!(NodeConfig::default().ready_partitions(), 16);
+    }
+
+    #[test]
+    fn log_format_and_cache_size_come_from_the_environment_too() {
+        let mut c = NodeConfig::default();
+        assert_eq!(c.log_format, LogFormat::Text);
+        c.apply_env(|k| match k {
+            "KAIROS_LOG_FORMAT" => Some("json".into()),
+            "KAIROS_STORE_CACHE_MIB" => Some("64".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((c.log_format, c.store_cache_mib), (LogFormat::Json, 64));
+        let e = NodeConfig::default().set("log_format", "xml").unwrap_err();
+        assert!(e.to_string().contains("log_format") && e.to_string().contains("xml"), "{e}");
+        let y = NodeConfig::from_yaml("log_format: json\n").unwrap();
+        assert_eq!(y.log_format, LogFormat::Json);
     }
 }

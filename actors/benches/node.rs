@@ -53,6 +53,7 @@ fn request(at: i64) -> SubmitRequest {
         execute_at_ms: at,
         delay_ms: None,
         idempotency_key: None,
+        traceparent: None,
     }
 }
 

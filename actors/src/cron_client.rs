@@ -136,6 +136,7 @@ impl Executions for SdkExecutions {
                 }),
                 idempotency_key: m.idempotency_key,
                 return_execution: false,
+                traceparent: String::new(),
             })
             .collect();
         let items = self.ns(&ns).submit_batch(reqs).await.map_err(|e| classify(&e))?;

@@ -241,3 +241,47 @@ async fn grpc_mistakes_are_the_clients_not_internal() {
     assert!(e.message().starts_with("definition"), "{}", e.message());
     node.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_trace_context_goes_from_submit_to_the_worker() {
+    let node = node().await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let req = Request::builder()
+        .method("POST")
+        .uri("/executions")
+        .header("content-type", "application/json")
+        .header("traceparent", tp)
+        .body(Body::from(
+            r#"{"definitionUri": "registry://jobs/echo", "definitionVersion": 1, "inputs": {"name": "x"}, "delayMs": 0}"#,
+        ))
+        .unwrap();
+    let resp = kairos_actors::api::http::router(node.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["traceparent"], tp, "{v}");
+    // The worker's task carries it.
+    let claimed = loop {
+        let c = node.scheduler().claim("default", "echo", "w1", 1, None).await.unwrap();
+        if let Some(c) = c.into_iter().next() {
+            break c;
+        }
+        node.scheduler().clock().sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let task = kairos_actors::api::convert::task(&claimed, String::new(), 0);
+    assert_eq!(task.traceparent, tp);
+    // An invalid one is ignored, as W3C Trace Context asks.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/executions")
+        .header("content-type", "application/json")
+        .header("traceparent", "garbage")
+        .body(Body::from(SUBMIT))
+        .unwrap();
+    let resp = kairos_actors::api::http::router(node.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(v.get("traceparent").is_none(), "{v}");
+    node.stop().await;
+}

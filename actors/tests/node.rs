@@ -93,6 +93,7 @@ fn submit_at(at: i64, n: i64) -> SubmitRequest {
         execute_at_ms: at,
         idempotency_key: None,
         delay_ms: None,
+        traceparent: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn submit() -> SubmitRequest {
         execute_at_ms: 0,
         idempotency_key: None,
         delay_ms: Some(3_600_000),
+        traceparent: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn due_now(clock: &SharedClock, i: usize) -> SubmitRequest {
         execute_at_ms: clock.now().as_millis(),
         idempotency_key: Some(format!("k{i}")),
         delay_ms: None,
+        traceparent: None,
     }
 }
 

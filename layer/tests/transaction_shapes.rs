@@ -68,6 +68,7 @@ async fn full_batches_commit_in_a_few_round_trips() {
             execute_at_ms: now,
             idempotency_key: Some(format!("k{i}")),
             delay_ms: None,
+            traceparent: None,
         })
         .collect();
     let (out, took) = timed(&clock, sched.submit_batch(reqs)).await;
@@ -162,6 +163,7 @@ async fn a_list_whose_filter_skips_everything_comes_back_in_bounded_pages() {
                 execute_at_ms: now + 3_600_000,
                 idempotency_key: None,
                 delay_ms: None,
+                traceparent: None,
             })
             .collect();
         sched.submit_batch(reqs).await.unwrap();

@@ -176,6 +176,7 @@ impl Client {
                 when: Some(submit_request::When::DelayMs(0)),
                 idempotency_key: String::new(),
                 return_execution: false,
+                traceparent: String::new(),
             },
         }
     }
@@ -376,6 +377,14 @@ impl SubmitBuilder {
     /// it was created, and `execute_at`).
     pub fn return_execution(mut self, yes: bool) -> Self {
         self.req.return_execution = yes;
+        self
+    }
+
+    /// The W3C trace context (`traceparent`) of the caller's span: each attempt's worker gets
+    /// it (`Task::traceparent`, the http executor's `traceparent` header, the command
+    /// executor's `TRACEPARENT` variable), so the handler continues the submitter's trace.
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.req.traceparent = traceparent.into();
         self
     }
 

@@ -174,6 +174,7 @@ async fn lookup_by_idempotency_key_and_due_now_by_the_nodes_clock() {
         when: None,
         idempotency_key: String::new(),
         return_execution: false,
+        traceparent: String::new(),
     };
     let e = raw.submit(bad).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);

@@ -46,6 +46,7 @@ pub fn execution(e: &storage::Execution) -> api::Execution {
         next_timer_at_ms: e.timer.as_ref().map_or(0, |t| t.fire_at_ms),
         cron_job_id: e.cron_job_id.clone(),
         cron_occurrence_ms: e.cron_occurrence_ms,
+        traceparent: e.traceparent.clone(),
     }
 }
 
@@ -79,6 +80,7 @@ pub fn task(c: &Claimed, definition_execution_json: String, now_ms: i64) -> api:
         lease_remaining_ms: u64::try_from(e.lease_expires_at_ms - now_ms).unwrap_or(0),
         definition_execution_json,
         queue: e.queue.clone(),
+        traceparent: e.traceparent.clone(),
     }
 }
 

@@ -62,7 +62,13 @@ impl Api {
         Api { node, definitions: Arc::default() }
     }
 
-    fn submit_request(&self, r: SubmitRequest) -> Result<(LayerSubmit, bool), ops::Error> {
+    /// A submit request for the layer; `trace` is the call's `traceparent` metadata, used
+    /// when the request has none of its own.
+    fn submit_request(
+        &self,
+        r: SubmitRequest,
+        trace: Option<&str>,
+    ) -> Result<(LayerSubmit, bool), ops::Error> {
         let inputs: serde_json::Value = if r.inputs_json.trim().is_empty() {
             serde_json::json!({})
         } else {
@@ -89,6 +95,9 @@ impl Api {
                 execute_at_ms,
                 delay_ms,
                 idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
+                traceparent: Some(r.traceparent)
+                    .filter(|t| !t.is_empty())
+                    .or_else(|| trace.map(str::to_string)),
             },
             r.return_execution,
         ))
@@ -210,15 +219,23 @@ fn error_item(e: &ops::Error) -> SubmitBatchItem {
     }
 }
 
+/// The `traceparent` metadata of a call.
+fn traceparent_of<T>(req: &Request<T>) -> Option<String> {
+    req.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
 #[tonic::async_trait]
 impl ExecutionService for Api {
     async fn submit(&self, req: Request<SubmitRequest>) -> Reply<SubmitResponse> {
-        let (r, full) = self.submit_request(req.into_inner()).map_err(|e| status(&e))?;
+        let trace = traceparent_of(&req);
+        let (r, full) =
+            self.submit_request(req.into_inner(), trace.as_deref()).map_err(|e| status(&e))?;
         let s = self.node.submit(r).await.map_err(|e| status(&e))?;
         ok(submit_response(&s, full))
     }
 
     async fn submit_batch(&self, req: Request<SubmitBatchRequest>) -> Reply<SubmitBatchResponse> {
+        let trace = traceparent_of(&req);
         let reqs = req.into_inner().requests;
         if reqs.len() > ops::submit::SUBMIT_BATCH_MAX {
             return Err(status(&invalid(
@@ -230,7 +247,7 @@ impl ExecutionService for Api {
         let mut items: Vec<Option<SubmitBatchItem>> = Vec::with_capacity(reqs.len());
         let mut full = Vec::with_capacity(reqs.len());
         for r in reqs {
-            match self.submit_request(r) {
+            match self.submit_request(r, trace.as_deref()) {
                 Ok((r, f)) => {
                     parsed.push(r);
                     full.push(f);

@@ -94,6 +94,7 @@ fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::
         execute_at_ms,
         delay_ms: b.delay_ms,
         idempotency_key,
+        traceparent: headers.get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string),
     })
 }
 

@@ -73,6 +73,8 @@ pub struct ExecutionView {
     cron_job_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     cron_occurrence: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<String>,
     attempt_count: u32,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     cancel_requested: bool,
@@ -103,6 +105,7 @@ pub fn execution(e: &Execution, attempts: Option<&[Attempt]>) -> ExecutionView {
         idempotency_key: (!e.idempotency_key.is_empty()).then(|| e.idempotency_key.clone()),
         cron_job_id: (!e.cron_job_id.is_empty()).then(|| e.cron_job_id.clone()),
         cron_occurrence: rfc3339(e.cron_occurrence_ms),
+        traceparent: (!e.traceparent.is_empty()).then(|| e.traceparent.clone()),
         attempt_count: e.attempt_count,
         cancel_requested: e.cancel_requested
             && e.status != kairos_proto::storage::v1::ExecutionStatus::Cancelled as i32,

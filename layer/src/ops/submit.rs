@@ -37,6 +37,33 @@ pub struct SubmitRequest {
     /// Optional idempotency key: the same key with the same request returns the same
     /// execution; with a different request it is a conflict.
     pub idempotency_key: Option<String>,
+    /// W3C trace context to hand to the workers (not part of the request's identity: a retry
+    /// from another trace is the same request). Kept only when valid ([`traceparent`]).
+    pub traceparent: Option<String>,
+}
+
+/// A W3C `traceparent` if `v` is a valid one (version 00 form: `00-<32 hex, not all 0>-<16
+/// hex, not all 0>-<2 hex>`, lowercase), else `None` (the spec says to ignore invalid ones).
+pub fn traceparent(v: &str) -> Option<String> {
+    let parts: Vec<&str> = v.trim().split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    match parts.as_slice() {
+        [ver, trace, parent, flags]
+            if hex(ver, 2)
+                && *ver != "ff"
+                && hex(trace, 32)
+                && nonzero(trace)
+                && hex(parent, 16)
+                && nonzero(parent)
+                && hex(flags, 2) =>
+        {
+            Some(parts.join("-"))
+        }
+        _ => None,
+    }
 }
 
 /// What `submit` did.
@@ -335,6 +362,7 @@ impl Scheduler {
             .map_err(|e| invalid(e.field(), e.reason()))?;
         let mut e = new_execution(&def, req, id, p.shard, now_ms, &snapshot)?;
         e.request_fingerprint = print.clone();
+        e.traceparent = req.traceparent.as_deref().and_then(traceparent).unwrap_or_default();
         let at = e.execute_at_ms;
         self.set_timer_with(tx, &mut e, TimerKind::Due, at, f.wm)?;
         self.save_execution(tx, None, &e)?;
@@ -420,4 +448,28 @@ fn new_execution(
         shard,
         ..Execution::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::traceparent;
+
+    #[test]
+    fn only_valid_trace_contexts_are_kept() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(traceparent(ok).as_deref(), Some(ok));
+        assert_eq!(traceparent(&format!(" {ok} ")).as_deref(), Some(ok), "whitespace trimmed");
+        for bad in [
+            "",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", // uppercase
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01", // zero trace id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", // zero parent id
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", // version ff
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  // short
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",    // no flags
+            "not a trace",
+        ] {
+            assert_eq!(traceparent(bad), None, "{bad:?}");
+        }
+    }
 }

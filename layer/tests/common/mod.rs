@@ -84,6 +84,7 @@ pub fn request(key: Option<&str>, execute_at_ms: i64) -> SubmitRequest {
         execute_at_ms,
         idempotency_key: key.map(str::to_string),
         delay_ms: None,
+        traceparent: None,
     }
 }
 

@@ -27,6 +27,7 @@ pub fn request(client: &Client, key: String, when: submit_request::When) -> Subm
         when: Some(when),
         idempotency_key: key,
         return_execution: false,
+        traceparent: String::new(),
     }
 }
 

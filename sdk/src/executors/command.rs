@@ -30,6 +30,7 @@ pub async fn run_command(task: Task) -> Result<serde_json::Value, TaskError> {
         .stderr(std::process::Stdio::piped())
         .env("KAIROS_EXECUTION_ID", &task.task.execution_id)
         .env("KAIROS_ATTEMPT", task.task.attempt.to_string())
+        .envs(Some(("TRACEPARENT", task.task.traceparent.as_str())).filter(|(_, t)| !t.is_empty()))
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| TaskError::permanent(format!("cannot start {program:?}: {e}")))?;

@@ -94,6 +94,9 @@ pub async fn run_http(task: Task) -> Result<serde_json::Value, TaskError> {
         .header("Content-Type", "application/json")
         .header("Kairos-Execution-Id", &task.task.execution_id)
         .header("Kairos-Attempt", task.task.attempt.to_string());
+    if !task.task.traceparent.is_empty() {
+        req = req.header("traceparent", &task.task.traceparent);
+    }
     if let Some(h) = exec.get("headers").and_then(|h| h.as_object()) {
         for (k, v) in h {
             let v = v.as_str().unwrap_or_default();
@@ -245,6 +248,19 @@ mod tests {
         .await
         .unwrap_err();
         assert!(!e.retryable && e.message.contains("KAIROS_TEST_NOT_SET"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn the_trace_context_is_handed_on() {
+        let (addr, seen) = server("HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n").await;
+        let mut t = task(serde_json::json!({"type": "http", "url": format!("http://{addr}/")}));
+        t.task.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into();
+        run_http(t).await.unwrap();
+        let req = seen.await.unwrap().to_ascii_lowercase();
+        assert!(
+            req.contains("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            "{req}"
+        );
     }
 
     #[test]

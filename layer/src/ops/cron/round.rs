@@ -334,6 +334,7 @@ impl Executions for DirectExecutions {
                 execute_at_ms: m.execute_at_ms.unwrap_or(0),
                 delay_ms: m.execute_at_ms.is_none().then_some(0),
                 idempotency_key: Some(m.idempotency_key),
+                traceparent: None,
             })
             .collect();
         let out = self.0.submit_batch(reqs).await.map_err(classify)?;

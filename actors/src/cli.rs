@@ -257,17 +257,8 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     // however it ends, after the node and the database (a no-op on the other backends).
     #[cfg(feature = "fdb")]
     let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
-        .with_context(|| format!("config log: bad filter {:?}", config.log))?;
-    use std::io::IsTerminal;
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        crate::config::LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        crate::config::LogFormat::Json => logs.json().with_current_span(true).init(),
-    }
+    // Kept to the end of `run`: flushes exported spans.
+    let _telemetry = crate::telemetry::init(&config)?;
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);

@@ -89,6 +89,9 @@ pub struct NodeConfig {
     pub log: String,
     /// Log line format: `text` or `json`.
     pub log_format: LogFormat,
+    /// OTLP/HTTP traces URL to export the node's spans to (binaries built with the `otel`
+    /// feature), e.g. `http://127.0.0.1:4318/v1/traces`.
+    pub otlp_endpoint: Option<String>,
     /// The embedded store's page cache, in MiB (memory the store may use beyond the node).
     pub store_cache_mib: u64,
     /// Create a new, empty store even though the data directory shows that one existed (its
@@ -124,6 +127,7 @@ impl Default for NodeConfig {
             queue_concurrency: BTreeMap::new(),
             log: "info".into(),
             log_format: LogFormat::Text,
+            otlp_endpoint: None,
             store_cache_mib: 128,
             new_store: false,
         }
@@ -150,7 +154,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 12] = [
+pub const ENV_VARS: [(&str, &str); 13] = [
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -159,6 +163,7 @@ pub const ENV_VARS: [(&str, &str); 12] = [
     ("KAIROS_CLUSTER", "cluster"),
     ("KAIROS_LOG", "log"),
     ("KAIROS_LOG_FORMAT", "log_format"),
+    ("KAIROS_OTLP_ENDPOINT", "otlp_endpoint"),
     ("KAIROS_STORE_CACHE_MIB", "store_cache_mib"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
     ("KAIROS_REGION", "region"),
@@ -217,6 +222,7 @@ impl NodeConfig {
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
             "log" => self.log = value.to_string(),
+            "otlp_endpoint" => self.otlp_endpoint = Some(value.to_string()),
             "log_format" => {
                 self.log_format = match value {
                     "text" => LogFormat::Text,

@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod node;
 pub mod node_supervisor;
 pub mod shard_owner;
+pub mod telemetry;
 pub mod window;
 
 pub use node::Node;

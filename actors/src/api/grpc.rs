@@ -28,6 +28,7 @@ use super::convert;
 use super::errors::status;
 use crate::dispatcher::{PollRequest as NodePoll, SessionOpen};
 use crate::node::Node;
+use tracing::Instrument as _;
 
 pub mod cron;
 
@@ -140,6 +141,10 @@ impl Api {
                     String::new()
                 }
             };
+            if !e.traceparent.is_empty() {
+                let span = crate::telemetry::execution_span("kairos.dispatch", &e.traceparent);
+                span.record("execution_id", e.id.as_str());
+            }
             out.push(convert::task(c, execution_json, now));
         }
         out
@@ -230,7 +235,12 @@ impl ExecutionService for Api {
         let trace = traceparent_of(&req);
         let (r, full) =
             self.submit_request(req.into_inner(), trace.as_deref()).map_err(|e| status(&e))?;
-        let s = self.node.submit(r).await.map_err(|e| status(&e))?;
+        let span = crate::telemetry::execution_span(
+            "kairos.submit",
+            r.traceparent.as_deref().unwrap_or_default(),
+        );
+        let s = self.node.submit(r).instrument(span.clone()).await.map_err(|e| status(&e))?;
+        span.record("execution_id", s.execution.id.as_str());
         ok(submit_response(&s, full))
     }
 

@@ -103,7 +103,13 @@ async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Re
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
-    match node.submit(req).await {
+    let span =
+        crate::telemetry::execution_span("kairos.submit", req.traceparent.as_deref().unwrap_or(""));
+    let submitted = tracing::Instrument::instrument(node.submit(req), span.clone()).await;
+    if let Ok(s) = &submitted {
+        span.record("execution_id", s.execution.id.as_str());
+    }
+    match submitted {
         Ok(s) => {
             let status = if s.created { StatusCode::CREATED } else { StatusCode::OK };
             let loc = format!("/executions/{}", s.execution.id);

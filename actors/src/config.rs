@@ -85,6 +85,13 @@ pub struct NodeConfig {
     pub poll_wait_max_ms: u64,
     /// Per-queue limit of executions in flight through this node (absent: unlimited).
     pub queue_concurrency: BTreeMap<String, usize>,
+    /// Days a terminal execution (with its attempts and idempotency key) is kept after it
+    /// finished; 0 keeps everything.
+    pub retention_days: u32,
+    /// `{namespace: days}`: retention for these namespaces instead of `retention_days`.
+    pub namespace_retention_days: BTreeMap<String, u32>,
+    /// How often the retention sweeper looks for what is due (on the node owning shard 0).
+    pub retention_sweep_ms: u64,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
     pub log: String,
     /// Log line format: `text` or `json`.
@@ -125,6 +132,9 @@ impl Default for NodeConfig {
             cron_lookahead_ms: 5_000,
             poll_wait_max_ms: 60_000,
             queue_concurrency: BTreeMap::new(),
+            retention_days: 7,
+            namespace_retention_days: BTreeMap::new(),
+            retention_sweep_ms: 60_000,
             log: "info".into(),
             log_format: LogFormat::Text,
             otlp_endpoint: None,
@@ -154,7 +164,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 13] = [
+pub const ENV_VARS: [(&str, &str); 14] = [
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -163,6 +173,7 @@ pub const ENV_VARS: [(&str, &str); 13] = [
     ("KAIROS_CLUSTER", "cluster"),
     ("KAIROS_LOG", "log"),
     ("KAIROS_LOG_FORMAT", "log_format"),
+    ("KAIROS_RETENTION_DAYS", "retention_days"),
     ("KAIROS_OTLP_ENDPOINT", "otlp_endpoint"),
     ("KAIROS_STORE_CACHE_MIB", "store_cache_mib"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
@@ -222,6 +233,8 @@ impl NodeConfig {
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
             "log" => self.log = value.to_string(),
+            "retention_days" => self.retention_days = num32(value)?,
+            "retention_sweep_ms" => self.retention_sweep_ms = num(value)?,
             "otlp_endpoint" => self.otlp_endpoint = Some(value.to_string()),
             "log_format" => {
                 self.log_format = match value {
@@ -312,6 +325,9 @@ impl NodeConfig {
         }
         if self.fire_batch == 0 || self.fire_batch > 1_000 {
             return Err(bad("fire_batch", "must be between 1 and 1000"));
+        }
+        if self.retention_sweep_ms < 1_000 {
+            return Err(bad("retention_sweep_ms", "must be at least 1000"));
         }
         if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
             return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));

@@ -158,6 +158,8 @@ pub struct Metrics {
     /// Whether the store accepts writes (1), refuses them for now (0, e.g. its disk is full),
     /// or has failed for good (-1).
     pub store_health: AtomicI64,
+    /// Terminal executions deleted by the retention sweeper.
+    pub retention_deleted: AtomicU64,
 }
 
 /// Whether a store error is a conflict (for the conflicts counter).
@@ -227,6 +229,12 @@ impl Metrics {
             &outcomes,
         );
         counter(reg, "kairos_retries", "Retries scheduled.", &self.retries);
+        counter(
+            reg,
+            "kairos_retention_deleted",
+            "Terminal executions deleted after their namespace's retention.",
+            &self.retention_deleted,
+        );
         counter(reg, "kairos_lease_expiries", "Attempt leases that expired.", &self.lease_expiries);
         counter(reg, "kairos_timers_fired", "Timers fired by this node.", &self.timers_fired);
         counter(reg, "kairos_claimed", "Executions claimed through this node.", &self.claimed);

@@ -115,6 +115,7 @@ impl Node {
         // The cron service's in-process API client finds the node through a weak reference.
         let weak = Arc::downgrade(&inner);
         let _ = slot.set(Box::new(move || weak.upgrade().map(|inner| Node { inner })));
+        spawn_retention(Arc::downgrade(&inner));
         Ok(Node { inner })
     }
 
@@ -423,6 +424,23 @@ impl Node {
 
 /// How often the node looks at its store's health.
 const HEALTH_PERIOD: Duration = Duration::from_millis(250);
+
+/// Runs the retention sweeper every `retention_sweep_ms` while the node lives.
+fn spawn_retention(node: std::sync::Weak<Inner>) {
+    let Some(inner) = node.upgrade() else { return };
+    let (clock, period) =
+        (inner.ctx.clock.clone(), Duration::from_millis(inner.ctx.config.retention_sweep_ms));
+    drop(inner);
+    tokio::spawn(async move {
+        loop {
+            clock.sleep(period).await;
+            let Some(inner) = node.upgrade() else { return };
+            let ctx = inner.ctx.clone();
+            drop(inner); // a stopping node is not kept alive by its sweeper
+            crate::retention::sweep(&ctx).await;
+        }
+    });
+}
 
 /// Watches the store's health for as long as the node lives: each change is logged once (a
 /// warning when writes are refused, an error when the store failed, info when it recovers)

@@ -29,6 +29,7 @@ pub mod leases;
 pub mod limits;
 pub mod query;
 pub mod records;
+pub mod retention;
 pub mod retry;
 pub mod submit;
 pub mod worker;

@@ -1,0 +1,63 @@
+//! The retention sweeper: deletes terminal executions once they finished longer ago than
+//! their namespace's retention (`retention_days`, `namespace_retention_days`), in short
+//! transactions with a pause between them, so it never holds up firing or claiming. One node
+//! sweeps: the owner of execution shard 0 (any node could; this one avoids duplicated work).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kairos_layer::ops::retention::SWEEP_BATCH_MAX;
+
+use crate::context::Ctx;
+
+/// Pause between two sweep transactions.
+const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
+const DAY_MS: i64 = 86_400_000;
+
+/// One sweep of every namespace; returns what it deleted.
+pub async fn sweep(ctx: &Ctx) -> u64 {
+    if !ctx.routes.owned_shards().contains(&0) {
+        return 0;
+    }
+    let namespaces = match ctx.sched.namespaces().await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "retention: listing namespaces failed");
+            return 0;
+        }
+    };
+    let now = ctx.clock.now().as_millis();
+    let mut deleted = 0;
+    for ns in namespaces {
+        let days = ctx
+            .config
+            .namespace_retention_days
+            .get(&ns)
+            .copied()
+            .unwrap_or(ctx.config.retention_days);
+        if days == 0 {
+            continue; // kept forever
+        }
+        let before = now.saturating_sub(i64::from(days) * DAY_MS);
+        loop {
+            match ctx.sched.sweep_terminal(&ns, before, SWEEP_BATCH_MAX).await {
+                Ok(s) => {
+                    deleted += s.deleted;
+                    ctx.metrics.retention_deleted.fetch_add(s.deleted, Ordering::Relaxed);
+                    if !s.more {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "retention sweep failed; next round retries");
+                    break;
+                }
+            }
+            ctx.clock.sleep(BETWEEN_BATCHES).await;
+        }
+    }
+    if deleted > 0 {
+        tracing::info!(deleted, "retention: terminal executions past their retention deleted");
+    }
+    deleted
+}

@@ -30,6 +30,34 @@ pub enum LogFormat {
     Json,
 }
 
+/// Limits of one namespace (0 = none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quota {
+    /// Executions submitted per second through this node (a token bucket holding one
+    /// second's worth).
+    pub submit_per_s: u32,
+    /// Executions not yet finished (SCHEDULED, READY, RUNNING, RETRY_WAIT), cluster-wide.
+    pub pending_max: u64,
+}
+
+/// Quotas: a default for every namespace, and per-namespace ones instead of it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quotas {
+    /// For namespaces not listed.
+    pub default: Quota,
+    /// `{namespace: quota}`.
+    pub namespaces: BTreeMap<String, Quota>,
+}
+
+impl Quotas {
+    /// The quota of `ns`.
+    pub fn of(&self, ns: &str) -> Quota {
+        self.namespaces.get(ns).copied().unwrap_or(self.default)
+    }
+}
+
 /// The node's configuration. Field names are the YAML keys.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -92,6 +120,8 @@ pub struct NodeConfig {
     pub namespace_retention_days: BTreeMap<String, u32>,
     /// How often the retention sweeper looks for what is due (on the node owning shard 0).
     pub retention_sweep_ms: u64,
+    /// Per-namespace limits ([`Quotas`]); none by default.
+    pub quotas: Quotas,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
     pub log: String,
     /// Log line format: `text` or `json`.
@@ -135,6 +165,7 @@ impl Default for NodeConfig {
             retention_days: 7,
             namespace_retention_days: BTreeMap::new(),
             retention_sweep_ms: 60_000,
+            quotas: Quotas::default(),
             log: "info".into(),
             log_format: LogFormat::Text,
             otlp_endpoint: None,

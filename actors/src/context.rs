@@ -40,6 +40,8 @@ pub struct Ctx {
     pub batcher: Batcher,
     /// What the cron shard owners share.
     pub cron: crate::cron_owner::CronCtx,
+    /// Per-namespace quotas and their state on this node.
+    pub quotas: Arc<crate::quota::Quotas>,
 }
 
 impl Ctx {

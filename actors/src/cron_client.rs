@@ -102,6 +102,8 @@ fn classify(e: &kairos_sdk::Error) -> ExecutionsError {
     }
     match e.code() {
         tonic::Code::AlreadyExists => ExecutionsError::Conflict(e.to_string()),
+        // A namespace over its quota, a full disk: the occurrence waits, it is not dropped.
+        tonic::Code::ResourceExhausted => ExecutionsError::Transient(e.to_string()),
         _ => ExecutionsError::Permanent(e.to_string()),
     }
 }

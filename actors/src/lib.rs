@@ -28,6 +28,7 @@ pub mod matchmaker;
 pub mod metrics;
 pub mod node;
 pub mod node_supervisor;
+pub mod quota;
 pub mod retention;
 pub mod shard_owner;
 pub mod telemetry;

@@ -160,6 +160,10 @@ pub struct Metrics {
     pub store_health: AtomicI64,
     /// Terminal executions deleted by the retention sweeper.
     pub retention_deleted: AtomicU64,
+    /// Submissions refused by a namespace's rate quota.
+    pub quota_refused_rate: AtomicU64,
+    /// Submissions refused by a namespace's unfinished-executions quota.
+    pub quota_refused_pending: AtomicU64,
 }
 
 /// Whether a store error is a conflict (for the conflicts counter).
@@ -229,6 +233,16 @@ impl Metrics {
             &outcomes,
         );
         counter(reg, "kairos_retries", "Retries scheduled.", &self.retries);
+        counters_by(
+            reg,
+            "kairos_quota_refused",
+            "Submissions refused by a namespace's quota, by quota.",
+            "quota",
+            &[
+                ("rate", load(&self.quota_refused_rate)),
+                ("pending", load(&self.quota_refused_pending)),
+            ],
+        );
         counter(
             reg,
             "kairos_retention_deleted",

@@ -98,6 +98,7 @@ impl Node {
             cron,
             batcher: Batcher::start(sched.clone()),
             matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
+            quotas: Arc::new(crate::quota::Quotas::new(config.quotas.clone())),
             sched,
             clock,
             metrics,
@@ -157,6 +158,7 @@ impl Node {
 
     /// Submits an execution; its shard's local owner (if any) learns of the timer at once.
     pub async fn submit(&self, req: SubmitRequest) -> ops::Result<Submitted> {
+        self.admit(&req.namespace, 1).await?;
         let s = self.ctx().sched.submit(req).await?;
         if s.created {
             self.ctx().metrics.submitted.fetch_add(1, Ordering::Relaxed);
@@ -169,6 +171,61 @@ impl Node {
 
     /// Submits up to 1,000 executions in one transaction; each gets its own result.
     pub async fn submit_batch(
+        &self,
+        reqs: Vec<SubmitRequest>,
+    ) -> ops::Result<Vec<ops::Result<Submitted>>> {
+        // Quotas per namespace: a refused namespace's items fail alone, nothing of theirs stored.
+        let mut per_ns: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in &reqs {
+            *per_ns.entry(r.namespace.as_str()).or_default() += 1;
+        }
+        let mut refused: BTreeMap<String, ops::Error> = BTreeMap::new();
+        for (ns, n) in per_ns {
+            if let Err(e) = self.admit(ns, n).await {
+                refused.insert(ns.to_string(), e);
+            }
+        }
+        if !refused.is_empty() {
+            let (mut admitted, mut order) = (Vec::new(), Vec::new());
+            for r in reqs {
+                match refused.get(&r.namespace) {
+                    Some(e) => order.push(Some(quota_error(e))),
+                    None => {
+                        admitted.push(r);
+                        order.push(None);
+                    }
+                }
+            }
+            let mut done = if admitted.is_empty() {
+                Vec::new().into_iter()
+            } else {
+                self.submit_admitted(admitted).await?.into_iter()
+            };
+            return Ok(order
+                .into_iter()
+                .map(|o| o.map_or_else(|| done.next().expect("one result per admitted"), Err))
+                .collect());
+        }
+        self.submit_admitted(reqs).await
+    }
+
+    /// Checks `n` new executions of `ns` against the namespace's quotas.
+    async fn admit(&self, ns: &str, n: usize) -> ops::Result<()> {
+        let ctx = self.ctx();
+        match ctx.quotas.admit(&ctx.sched, ns, n, ctx.now_ms()).await {
+            Ok(()) => Ok(()),
+            Err((which, e)) => {
+                let c = match which {
+                    crate::quota::Refused::Rate => &ctx.metrics.quota_refused_rate,
+                    crate::quota::Refused::Pending => &ctx.metrics.quota_refused_pending,
+                };
+                c.fetch_add(n as u64, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    async fn submit_admitted(
         &self,
         reqs: Vec<SubmitRequest>,
     ) -> ops::Result<Vec<ops::Result<Submitted>>> {
@@ -424,6 +481,20 @@ impl Node {
 
 /// How often the node looks at its store's health.
 const HEALTH_PERIOD: Duration = Duration::from_millis(250);
+
+/// A quota error for one batch item (the same for every item of its namespace).
+fn quota_error(e: &ops::Error) -> ops::Error {
+    match e {
+        ops::Error::QuotaExceeded { namespace, what, retry_after_ms } => {
+            ops::Error::QuotaExceeded {
+                namespace: namespace.clone(),
+                what: what.clone(),
+                retry_after_ms: *retry_after_ms,
+            }
+        }
+        other => ops::Error::FailedPrecondition(other.to_string()),
+    }
+}
 
 /// Runs the retention sweeper every `retention_sweep_ms` while the node lives.
 fn spawn_retention(node: std::sync::Weak<Inner>) {

@@ -35,6 +35,7 @@ pub fn classify(e: &Error) -> (tonic::Code, StatusCode) {
             _ => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
         },
         Error::Corrupt(_) => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+        Error::QuotaExceeded { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
     }
 }
 
@@ -43,6 +44,7 @@ pub fn classify(e: &Error) -> (tonic::Code, StatusCode) {
 pub fn retry_after_secs(e: &Error) -> Option<u64> {
     match e {
         Error::Kv(kv::Error::StorageFull(_)) => Some(30),
+        Error::QuotaExceeded { retry_after_ms, .. } => Some(retry_after_ms.div_ceil(1000).max(1)),
         Error::Kv(kv::Error::DatabaseClosed)
         | Error::OwnershipLost { .. }
         | Error::LeaseHeld { .. } => Some(1),

@@ -85,6 +85,17 @@ pub enum Error {
     /// A stored record or key could not be decoded.
     #[error("corrupt data: {0}")]
     Corrupt(String),
+
+    /// The namespace is over one of its quotas; retry after `retry_after_ms`.
+    #[error("namespace {namespace} is over its quota: {what}")]
+    QuotaExceeded {
+        /// The namespace.
+        namespace: String,
+        /// Which quota, and its limit.
+        what: String,
+        /// When a retry may pass.
+        retry_after_ms: u64,
+    },
     /// The KV layer failed (retryable ones are retried by `run` before surfacing).
     #[error(transparent)]
     Kv(#[from] kv::Error),

@@ -315,6 +315,10 @@ fn classify(e: crate::ops::Error) -> ExecutionsError {
         E::IdempotencyConflict { .. } => ExecutionsError::Conflict(e.to_string()),
         E::Kv(k) if k.is_retryable() => ExecutionsError::Transient(k.to_string()),
         E::Kv(crate::kv::Error::DatabaseClosed) => ExecutionsError::Transient(e.to_string()),
+        // A namespace over its quota, a full disk: the occurrence waits, it is not dropped.
+        E::QuotaExceeded { .. } | E::Kv(crate::kv::Error::StorageFull(_)) => {
+            ExecutionsError::Transient(e.to_string())
+        }
         other => ExecutionsError::Permanent(other.to_string()),
     }
 }

@@ -282,6 +282,15 @@ fn a_per_second_schedule_survives_a_sigkill_without_losing_or_doubling_an_occurr
     assert_eq!(status, 200);
     assert!(metrics.contains("kairos_cron_materialized_total"), "cron metrics exposed");
     drop(node);
+    // The store a real session left (cron jobs, timers, executions, keys, a SIGKILL on the
+    // way) passes the integrity check: no false alarm from `kairos check`.
+    let out = Command::new(KAIROS)
+        .args(["check", "--data-dir", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("no problem found"), "{text}");
 }
 
 /// Seconds since the epoch of an RFC 3339 UTC time `YYYY-MM-DDTHH:MM:SS(.mmm)Z` (days from the

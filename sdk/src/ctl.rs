@@ -1,40 +1,23 @@
-//! `kairosctl`: the Kairos admin console (the binary is a thin `main` calling [`main`]). One-shot commands, or `console` for an interactive
-//! session; human-readable tables by default, `--json` for scripts.
+//! `kairosctl`: the Kairos admin console (the binary is a thin `main` calling [`main`]).
+//! One-shot commands, or `console` for an interactive session; human-readable tables by
+//! default, `--json` for scripts (errors too, as `{"error": {"code", "message", "exitCode"}}`
+//! on stderr). The command line is declared in [`args`] (clap): `--help` everywhere, usage
+//! errors exit 2, `kairosctl completions SHELL` prints a completion script.
 //!
 //! Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · 4 conflict (already exists,
 //! wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out.
 
-use std::io::{BufRead, Write};
-use std::time::Duration;
+use clap::{CommandFactory, Parser};
 
 use crate::Client;
 use kairos_proto::v1::{Definition, Execution, ExecutionStatus};
 use serde_json::{Value, json};
 
+pub mod args;
+mod console;
 mod cron;
 
-const USAGE: &str = "usage: kairosctl [--endpoint URL] [--namespace NS] [--json] <command>
-commands:
-  submit <definitionUri> <version> [--inputs JSON] [--at RFC3339 | --after SECONDS] [--key KEY]
-  get <executionId> | get --key IDEMPOTENCY_KEY
-  cancel <executionId>         replay <executionId>
-  wait <executionId> [--timeout SECONDS]
-  list [--status STATUS] [--definition NAME] [--limit N]
-  definitions apply <file> | definitions get <name> [--version N] | definitions list
-  cron create <definitionUri> <version> '<expr>' [--tz ZONE] [--id ID] [--inputs JSON]
-       [--dst-gap skip|shift-to-gap-end|shift-by-gap] [--dst-fold first|second|both]
-       [--missed skip|latest|all] [--catch-up-window SECONDS]
-       [--overlap allow|skip|buffer-one|buffer-all|cancel-previous] [--pause-on-failure]
-       [--jitter SECONDS] [--start RFC3339] [--end RFC3339] [--runs N] [--notes TEXT] [--paused]
-  cron get <id> | cron list [--limit N] | cron delete <id> | cron pause <id>
-  cron resume <id> [--catch-up] | cron runs <id> [--limit N]
-  cron update <id> [--expression E] [--tz ZONE] [--inputs JSON] [--version N] [--overlap P] ...
-  cron preview '<expr>' [--tz ZONE] [--from RFC3339] [--until RFC3339] [--dst-gap P] [--dst-fold P]
-  cron backfill <id> --from RFC3339 --until RFC3339 [--overlap P]
-  nodes | shards [--space executions|cron] | stats [--all] | quarantined [--limit N]
-  bench <s1|s2|s3|s4|s5> [options]   (load generator: kairosctl bench --help)
-  --version
-  console                      (interactive: one command per line, `quit` to leave)";
+use args::{Api, Cli, Command, Definitions};
 
 struct Opts {
     json: bool,
@@ -159,52 +142,23 @@ fn definition_out(o: &Opts, d: &Definition, created: Option<bool>) -> String {
         .to_string()
 }
 
-fn take_flag(args: &mut Vec<String>, flag: &str) -> Result<Option<String>, Failure> {
-    match args.iter().position(|a| a == flag) {
-        None => Ok(None),
-        Some(i) => {
-            if i + 1 >= args.len() {
-                return Err(Failure::Usage(format!("{flag} needs a value")));
-            }
-            let v = args.remove(i + 1);
-            args.remove(i);
-            Ok(Some(v))
-        }
-    }
-}
-
-fn arg(args: &[String], i: usize, what: &str) -> Result<String, Failure> {
-    args.get(i).cloned().ok_or_else(|| Failure::Usage(format!("missing {what}\n{USAGE}")))
-}
-
-async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String, Failure> {
-    let cmd = arg(&args, 0, "command")?;
-    match cmd.as_str() {
-        "submit" => {
-            let inputs = take_flag(&mut args, "--inputs")?;
-            let at = take_flag(&mut args, "--at")?;
-            let after = take_flag(&mut args, "--after")?;
-            let key = take_flag(&mut args, "--key")?;
-            let uri = arg(&args, 1, "definitionUri")?;
-            let version: u32 = arg(&args, 2, "version")?
-                .parse()
-                .map_err(|_| Failure::Usage("version must be a number".into()))?;
-            let mut b = client.submit(&uri, version).return_execution(o.json);
-            if let Some(i) = inputs {
-                let v: Value = serde_json::from_str(&i)
-                    .map_err(|e| Failure::Usage(format!("--inputs: malformed JSON: {e}")))?;
+/// Runs one command against the node.
+async fn run(client: &Client, o: &Opts, cmd: Api) -> Result<String, Failure> {
+    match cmd {
+        Api::Submit(s) => {
+            let mut b = client.submit(&s.definition_uri, s.version).return_execution(o.json);
+            if let Some(v) = s.inputs {
                 b = b.inputs(v);
             }
-            if let Some(a) = at {
-                let t = chrono::DateTime::parse_from_rfc3339(&a)
-                    .map_err(|e| Failure::Usage(format!("--at: not an RFC 3339 time ({e})")))?;
-                b = b.at(t.timestamp_millis());
+            if let Some(at) = s.at {
+                b = b.at(at);
             }
-            if let Some(s) = after {
-                let secs: f64 = s.parse().map_err(|_| Failure::Usage("--after: seconds".into()))?;
-                b = b.after(Duration::from_secs_f64(secs.max(0.0)));
+            if let Some(after) = s.after {
+                // A delay counted by the node's clock: retrying with the same key and delay
+                // is the same request (a time computed here would differ on each retry).
+                b = b.after(after);
             }
-            if let Some(k) = key {
+            if let Some(k) = s.key {
                 b = b.idempotency_key(k);
             }
             let s = b.send().await?;
@@ -220,10 +174,11 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 )
             })
         }
-        "get" => {
-            let (e, attempts) = match take_flag(&mut args, "--key")? {
-                Some(key) => client.get_by_idempotency_key(&key).await?,
-                None => client.get(&arg(&args, 1, "executionId")?).await?,
+        Api::Get { execution_id, key } => {
+            let (e, attempts) = match (key, execution_id) {
+                (Some(key), _) => client.get_by_idempotency_key(&key).await?,
+                (None, Some(id)) => client.get(&id).await?,
+                (None, None) => return Err(Failure::Usage("get: an execution id or --key".into())),
             };
             if o.json {
                 let mut v = execution_json(&e);
@@ -252,8 +207,8 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
             }
             Ok(out)
         }
-        "cancel" => {
-            let r = client.cancel(&arg(&args, 1, "executionId")?).await?;
+        Api::Cancel { execution_id } => {
+            let r = client.cancel(&execution_id).await?;
             let e = r.execution.unwrap_or_default();
             if o.json {
                 return Ok(
@@ -266,22 +221,13 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
             }
             Ok(out)
         }
-        "replay" => Ok(executions_out(o, &[client.replay(&arg(&args, 1, "executionId")?).await?])),
-        "wait" => {
-            let timeout = take_flag(&mut args, "--timeout")?
-                .map_or(Ok(60.0), |t| t.parse::<f64>())
-                .map_err(|_| Failure::Usage("--timeout: seconds".into()))?;
-            let e = client
-                .wait(&arg(&args, 1, "executionId")?, Duration::from_secs_f64(timeout))
-                .await?;
-            Ok(executions_out(o, &[e]))
+        Api::Replay { execution_id } => {
+            Ok(executions_out(o, &[client.replay(&execution_id).await?]))
         }
-        "list" => {
-            let status = take_flag(&mut args, "--status")?;
-            let definition = take_flag(&mut args, "--definition")?.unwrap_or_default();
-            let limit = take_flag(&mut args, "--limit")?
-                .map_or(Ok(100), |l| l.parse::<u32>())
-                .map_err(|_| Failure::Usage("--limit: a number".into()))?;
+        Api::Wait { execution_id, timeout } => {
+            Ok(executions_out(o, &[client.wait(&execution_id, timeout).await?]))
+        }
+        Api::List { status, definition, limit } => {
             let status = match status {
                 None => ExecutionStatus::Unspecified,
                 Some(s) => ExecutionStatus::from_str_name(&format!(
@@ -300,46 +246,30 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 .await?;
             Ok(executions_out(o, &page.executions))
         }
-        "definitions" => {
-            match arg(&args, 1, "definitions subcommand")?.as_str() {
-                "apply" => {
-                    let file = arg(&args, 2, "file")?;
-                    let source = std::fs::read_to_string(&file)
-                        .map_err(|e| Failure::Other(format!("{file}: {e}")))?;
-                    let (d, created) = client.register_definition(&source).await?;
-                    Ok(definition_out(o, &d, Some(created)))
-                }
-                "get" => {
-                    let version = take_flag(&mut args, "--version")?
-                        .map(|v| {
-                            v.parse::<u32>()
-                                .map_err(|_| Failure::Usage("--version: a number".into()))
-                        })
-                        .transpose()?;
-                    Ok(definition_out(
-                        o,
-                        &client.get_definition(&arg(&args, 2, "name")?, version).await?,
-                        None,
-                    ))
-                }
-                "list" => {
-                    let ds = client.list_definitions().await?;
-                    if o.json {
-                        return Ok(json!(ds.iter().map(|d| json!({"name": d.name, "version": d.version, "queue": d.queue})).collect::<Vec<_>>()).to_string());
-                    }
-                    let rows = ds
-                        .iter()
-                        .map(|d| vec![d.name.clone(), d.version.to_string(), d.queue.clone()])
-                        .collect();
-                    Ok(table(&["NAME", "VERSION", "QUEUE"], rows))
-                }
-                other => Err(Failure::Usage(format!(
-                    "unknown definitions subcommand {other:?}\n{USAGE}"
-                ))),
+        Api::Definitions(d) => match d {
+            Definitions::Apply { file } => {
+                let source = std::fs::read_to_string(&file)
+                    .map_err(|e| Failure::Other(format!("{}: {e}", file.display())))?;
+                let (d, created) = client.register_definition(&source).await?;
+                Ok(definition_out(o, &d, Some(created)))
             }
-        }
-        "cron" => cron::run(client, o, args).await,
-        "nodes" => {
+            Definitions::Get { name, version } => {
+                Ok(definition_out(o, &client.get_definition(&name, version).await?, None))
+            }
+            Definitions::List => {
+                let ds = client.list_definitions().await?;
+                if o.json {
+                    return Ok(json!(ds.iter().map(|d| json!({"name": d.name, "version": d.version, "queue": d.queue})).collect::<Vec<_>>()).to_string());
+                }
+                let rows = ds
+                    .iter()
+                    .map(|d| vec![d.name.clone(), d.version.to_string(), d.queue.clone()])
+                    .collect();
+                Ok(table(&["NAME", "VERSION", "QUEUE"], rows))
+            }
+        },
+        Api::Cron(c) => cron::run(client, o, c).await,
+        Api::Nodes => {
             let nodes = client.nodes().await?;
             if o.json {
                 return Ok(json!(nodes.iter().map(|n| json!({"nodeId": n.node_id, "httpAddress": n.http_address, "grpcAddress": n.grpc_address, "region": n.region, "version": n.version, "heartbeatAt": time(n.heartbeat_at_ms)})).collect::<Vec<_>>()).to_string());
@@ -358,8 +288,7 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 .collect();
             Ok(table(&["NODE", "GRPC", "REGION", "VERSION", "HEARTBEAT"], rows))
         }
-        "shards" => {
-            let space = take_flag(&mut args, "--space")?.unwrap_or_else(|| "executions".into());
+        Api::Shards { space } => {
             let (leases, count) = client.shards(&space).await?;
             if o.json {
                 return Ok(json!({"space": space, "shardCount": count, "leases": leases.iter().map(|l| json!({"shard": l.partition, "owner": l.owner, "epoch": l.epoch, "expiresAt": time(l.expires_at_ms)})).collect::<Vec<_>>()}).to_string());
@@ -377,8 +306,7 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 .collect();
             Ok(format!("{count} shards\n{}", table(&["SHARD", "OWNER", "EPOCH", "EXPIRES"], rows)))
         }
-        "stats" => {
-            let all = args.iter().any(|a| a == "--all");
+        Api::Stats { all } => {
             let counts = client.stats(all).await?;
             if o.json {
                 return Ok(json!(
@@ -394,10 +322,7 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 counts.iter().map(|(s, n)| vec![status_name(*s), n.to_string()]).collect(),
             ))
         }
-        "quarantined" => {
-            let limit = take_flag(&mut args, "--limit")?
-                .map_or(Ok(100), |l| l.parse::<u32>())
-                .map_err(|_| Failure::Usage("--limit: a number".into()))?;
+        Api::Quarantined { limit } => {
             let records = client.quarantined(limit).await?;
             if o.json {
                 return Ok(json!(records.iter().map(|r| json!({"namespace": r.namespace, "executionId": r.execution_id, "reason": r.reason, "at": time(r.at_ms), "keyHex": r.key_hex})).collect::<Vec<_>>()).to_string());
@@ -415,11 +340,23 @@ async fn run(client: &Client, o: &Opts, mut args: Vec<String>) -> Result<String,
                 .collect();
             Ok(table(&["AT", "NAMESPACE", "EXECUTION", "REASON"], rows))
         }
-        other => Err(Failure::Usage(format!("unknown command {other:?}\n{USAGE}"))),
     }
 }
 
-fn report(r: Result<String, Failure>) -> i32 {
+/// A gRPC code as the HTTP API names it (`NOT_FOUND`).
+fn code_name(c: tonic::Code) -> String {
+    let mut out = String::new();
+    for (i, ch) in format!("{c:?}").chars().enumerate() {
+        if ch.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    out
+}
+
+/// Prints a result (stdout) or an error (stderr; JSON with `--json`); returns the exit code.
+fn report(o: &Opts, r: Result<String, Failure>) -> i32 {
     match r {
         Ok(out) => {
             println!("{out}");
@@ -427,69 +364,79 @@ fn report(r: Result<String, Failure>) -> i32 {
         }
         Err(f) => {
             let code = exit_code(&f);
-            match f {
-                Failure::Usage(m) | Failure::Other(m) => eprintln!("kairosctl: {m}"),
-                Failure::Client(e) => eprintln!("kairosctl: {e}"),
+            let (name, message) = match f {
+                Failure::Usage(m) => ("USAGE".to_string(), m),
+                Failure::Other(m) => ("ERROR".to_string(), m),
+                Failure::Client(e) => (code_name(e.code()), e.to_string()),
+            };
+            if o.json {
+                eprintln!(
+                    "{}",
+                    json!({"error": {"code": name, "message": message.trim_end(), "exitCode": code}})
+                );
+            } else {
+                eprintln!("kairosctl: {}", message.trim_end());
             }
             code
         }
     }
 }
 
-/// Runs `kairosctl` with the process arguments; exits the process with its exit code.
-pub fn main() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(run_main());
+/// Whether the raw arguments ask for JSON (before clap has parsed them: for its errors).
+fn wants_json<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> bool {
+    args.iter().map(AsRef::as_ref).take_while(|a| *a != "--").any(|a| a == "--json")
 }
 
-async fn run_main() {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--version") {
-        println!("kairosctl {}", env!("CARGO_PKG_VERSION"));
-        std::process::exit(0);
-    }
-    if args.first().map(String::as_str) == Some("bench") {
-        std::process::exit(crate::bench::main(args.split_off(1)).await);
-    }
-    if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        std::process::exit(if args.is_empty() { 2 } else { 0 });
-    }
-    let json = args.iter().any(|a| a == "--json");
-    args.retain(|a| a != "--json");
-    let opts = Opts { json };
-    let (endpoint, namespace) =
-        match (take_flag(&mut args, "--endpoint"), take_flag(&mut args, "--namespace")) {
-            (Ok(e), Ok(n)) => (
-                e.or_else(|| std::env::var("KAIROS_ENDPOINT").ok())
-                    .unwrap_or_else(|| "http://127.0.0.1:7071".into()),
-                n.unwrap_or_else(|| "default".into()),
-            ),
-            (Err(f), _) | (_, Err(f)) => std::process::exit(report(Err(f))),
-        };
-    let client = match Client::connect(&endpoint).await {
-        Ok(c) => c.with_namespace(namespace),
-        Err(e) => std::process::exit(report(Err(Failure::Client(e)))),
-    };
-    if args.first().map(String::as_str) == Some("console") {
-        let stdin = std::io::stdin();
-        let mut last = 0;
-        print!("kairos> ");
-        let _ = std::io::stdout().flush();
-        for line in stdin.lock().lines() {
-            let Ok(line) = line else { break };
-            let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
-            match words.first().map(String::as_str) {
-                None => {}
-                Some("quit" | "exit") => break,
-                Some("help") => println!("{USAGE}"),
-                Some(_) => last = report(run(&client, &opts, words).await),
-            }
-            print!("kairos> ");
-            let _ = std::io::stdout().flush();
+/// Reports a clap outcome that is not a parsed command line: help and version on stdout
+/// (exit 0), usage errors on stderr (exit 2; JSON with `--json`).
+fn clap_exit(o: &Opts, e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            0
         }
-        println!();
-        std::process::exit(last);
+        _ if o.json => {
+            let text = e.render().to_string();
+            report(o, Err(Failure::Usage(text.trim_start_matches("error: ").to_string())))
+        }
+        _ => {
+            let _ = e.print();
+            2
+        }
     }
-    std::process::exit(report(run(&client, &opts, args).await));
+}
+
+/// Runs `kairosctl` with the process arguments; exits the process with its exit code.
+pub fn main() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    std::process::exit(main_with(args));
+}
+
+/// Runs `kairosctl` with these arguments (the first is the program name); returns the exit code.
+pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
+    let json = wants_json(&args[1.min(args.len())..]);
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(c) => c,
+        Err(e) => return clap_exit(&Opts { json }, e),
+    };
+    let o = Opts { json: cli.json };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return report(&o, Err(Failure::Other(format!("starting the runtime: {e}")))),
+    };
+    match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "kairosctl", &mut std::io::stdout());
+            0
+        }
+        Command::Bench { args } => rt.block_on(crate::bench::main(args)),
+        Command::Api(cmd) => rt.block_on(async {
+            match Client::connect(&cli.endpoint).await {
+                Ok(c) => report(&o, run(&c.with_namespace(cli.namespace), &o, cmd).await),
+                Err(e) => report(&o, Err(Failure::Client(e))),
+            }
+        }),
+        Command::Console => rt.block_on(console::run(&cli.endpoint, cli.namespace, o)),
+    }
 }

@@ -1,18 +1,7 @@
 //! `kairosctl cron …`: durable schedules.
 //!
-//! ```text
-//! cron create <definitionUri> <version> "<expr>" [--tz ZONE] [--id ID] [--inputs JSON]
-//!             [--dst-gap P] [--dst-fold P] [--missed P] [--catch-up-window SECONDS] [--overlap P]
-//!             [--pause-on-failure] [--jitter SECONDS] [--start RFC3339] [--end RFC3339]
-//!             [--runs N] [--notes TEXT] [--paused]
-//! cron get <id> | cron list [--limit N] | cron delete <id>
-//! cron update <id> [--expression E] [--tz Z] [--inputs J] [--version N] [--dst-gap P] …
-//!             [--pause-on-failure true|false] [--runs N (0 = unlimited)] [--notes TEXT]
-//! cron pause <id> | cron resume <id> [--catch-up]
-//! cron preview "<expr>" --tz ZONE --from RFC3339 --until RFC3339 [--dst-gap P] [--dst-fold P] [--limit N]
-//! cron backfill <id> --from RFC3339 --until RFC3339 [--overlap P]
-//! cron runs <id> [--limit N]
-//! ```
+//! The flags are declared in [`super::args::Cron`] (`kairosctl cron --help`).
+//!
 //! `--json cron preview` prints `{"occurrences": [{"utc": "…Z", "local": "…+hh:mm"}, …]}`, in
 //! order; it needs no stored job.
 
@@ -21,47 +10,9 @@ use kairos_proto::v1::{
 };
 use serde_json::{Value, json};
 
-use super::{Failure, Opts, arg, executions_out, table, take_flag, time};
+use super::args::Cron;
+use super::{Failure, Opts, executions_out, table, time};
 use crate::Client;
-
-fn usage(m: impl Into<String>) -> Failure {
-    Failure::Usage(m.into())
-}
-
-fn rfc3339(flag: &str, v: &str) -> Result<i64, Failure> {
-    chrono::DateTime::parse_from_rfc3339(v)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| usage(format!("{flag}: not an RFC 3339 time like 2026-03-08T00:00:00Z ({e})")))
-}
-
-fn seconds_ms(flag: &str, v: &str) -> Result<i64, Failure> {
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| *s >= 0.0)
-        .map(|s| (s * 1000.0).round() as i64)
-        .ok_or_else(|| usage(format!("{flag}: seconds, got {v:?}")))
-}
-
-fn number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, Failure> {
-    v.parse().map_err(|_| usage(format!("{flag}: a number, got {v:?}")))
-}
-
-fn take_switch(args: &mut Vec<String>, flag: &str) -> bool {
-    let had = args.iter().any(|a| a == flag);
-    args.retain(|a| a != flag);
-    had
-}
-
-fn inputs_flag(v: Option<String>) -> Result<Option<String>, Failure> {
-    match v {
-        None => Ok(None),
-        Some(j) => {
-            let parsed: Value = serde_json::from_str(&j)
-                .map_err(|e| usage(format!("--inputs: malformed JSON: {e}")))?;
-            Ok(Some(parsed.to_string()))
-        }
-    }
-}
 
 fn status_name(j: &CronJob) -> String {
     CronStatus::try_from(j.status)
@@ -143,127 +94,90 @@ fn job_out(o: &Opts, j: &CronJob, created: Option<bool>) -> String {
     out
 }
 
-/// Runs `kairosctl cron <subcommand> …` (`args[0]` is `cron`).
-pub(super) async fn run(
-    client: &Client,
-    o: &Opts,
-    mut args: Vec<String>,
-) -> Result<String, Failure> {
-    let sub = arg(&args, 1, "cron subcommand")?;
-    match sub.as_str() {
-        "create" => {
-            let tz = take_flag(&mut args, "--tz")?.unwrap_or_else(|| "UTC".into());
-            let id = take_flag(&mut args, "--id")?.unwrap_or_default();
-            let inputs = inputs_flag(take_flag(&mut args, "--inputs")?)?;
-            let mut p = CronPolicies {
-                dst_gap: take_flag(&mut args, "--dst-gap")?.unwrap_or_default(),
-                dst_fold: take_flag(&mut args, "--dst-fold")?.unwrap_or_default(),
-                missed: take_flag(&mut args, "--missed")?.unwrap_or_default(),
-                overlap: take_flag(&mut args, "--overlap")?.unwrap_or_default(),
-                pause_on_failure: take_switch(&mut args, "--pause-on-failure"),
-                ..CronPolicies::default()
-            };
-            if let Some(w) = take_flag(&mut args, "--catch-up-window")? {
-                p.catch_up_window_ms = Some(seconds_ms("--catch-up-window", &w)?);
-            }
-            if let Some(j) = take_flag(&mut args, "--jitter")? {
-                p.jitter_ms = seconds_ms("--jitter", &j)?;
-            }
-            let start = take_flag(&mut args, "--start")?;
-            let end = take_flag(&mut args, "--end")?;
-            let runs = take_flag(&mut args, "--runs")?;
-            let notes = take_flag(&mut args, "--notes")?.unwrap_or_default();
-            let paused = take_switch(&mut args, "--paused");
+/// Runs `kairosctl cron <subcommand> …`.
+pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, Failure> {
+    match cmd {
+        Cron::Create {
+            definition_uri,
+            version,
+            expression,
+            tz,
+            id,
+            pause_on_failure,
+            paused,
+            policies: p,
+        } => {
             let req = CreateCronJobRequest {
                 namespace: String::new(),
                 cron_job_id: id,
-                definition_uri: arg(&args, 2, "definitionUri")?,
-                definition_version: number("version", &arg(&args, 3, "version")?)?,
-                inputs_json: inputs.unwrap_or_default(),
-                expression: arg(&args, 4, "expression")?,
+                definition_uri,
+                definition_version: version,
+                inputs_json: p.inputs.unwrap_or_default(),
+                expression,
                 timezone: tz,
-                policies: Some(p),
-                start_at_ms: start.map(|s| rfc3339("--start", &s)).transpose()?.unwrap_or(0),
-                end_at_ms: end.map(|s| rfc3339("--end", &s)).transpose()?.unwrap_or(0),
-                remaining_runs: runs.map(|r| number("--runs", &r)).transpose()?.unwrap_or(0),
-                notes,
+                policies: Some(CronPolicies {
+                    dst_gap: p.dst_gap.unwrap_or_default(),
+                    dst_fold: p.dst_fold.unwrap_or_default(),
+                    missed: p.missed.unwrap_or_default(),
+                    overlap: p.overlap.unwrap_or_default(),
+                    pause_on_failure,
+                    catch_up_window_ms: p.catch_up_window,
+                    jitter_ms: p.jitter.unwrap_or(0),
+                }),
+                start_at_ms: p.start.unwrap_or(0),
+                end_at_ms: p.end.unwrap_or(0),
+                remaining_runs: p.runs.unwrap_or(0),
+                notes: p.notes.unwrap_or_default(),
                 paused,
             };
             let (j, created) = client.create_cron_job(req).await?;
             Ok(job_out(o, &j, Some(created)))
         }
-        "update" => {
-            let mut req = UpdateCronJobRequest {
-                expression: take_flag(&mut args, "--expression")?,
-                timezone: take_flag(&mut args, "--tz")?,
-                inputs_json: inputs_flag(take_flag(&mut args, "--inputs")?)?,
-                definition_uri: take_flag(&mut args, "--definition")?,
-                dst_gap: take_flag(&mut args, "--dst-gap")?,
-                dst_fold: take_flag(&mut args, "--dst-fold")?,
-                missed: take_flag(&mut args, "--missed")?,
-                overlap: take_flag(&mut args, "--overlap")?,
-                notes: take_flag(&mut args, "--notes")?,
+        Cron::Update { id, expression, tz, definition, version, pause_on_failure, policies: p } => {
+            let req = UpdateCronJobRequest {
+                cron_job_id: id,
+                expression,
+                timezone: tz,
+                inputs_json: p.inputs,
+                definition_uri: definition,
+                definition_version: version,
+                dst_gap: p.dst_gap,
+                dst_fold: p.dst_fold,
+                missed: p.missed,
+                overlap: p.overlap,
+                notes: p.notes,
+                catch_up_window_ms: p.catch_up_window,
+                jitter_ms: p.jitter,
+                pause_on_failure,
+                start_at_ms: p.start,
+                end_at_ms: p.end,
+                remaining_runs: p.runs,
                 ..UpdateCronJobRequest::default()
             };
-            if let Some(v) = take_flag(&mut args, "--version")? {
-                req.definition_version = Some(number("--version", &v)?);
-            }
-            if let Some(v) = take_flag(&mut args, "--catch-up-window")? {
-                req.catch_up_window_ms = Some(seconds_ms("--catch-up-window", &v)?);
-            }
-            if let Some(v) = take_flag(&mut args, "--jitter")? {
-                req.jitter_ms = Some(seconds_ms("--jitter", &v)?);
-            }
-            if let Some(v) = take_flag(&mut args, "--pause-on-failure")? {
-                req.pause_on_failure = Some(number("--pause-on-failure", &v)?);
-            }
-            if let Some(v) = take_flag(&mut args, "--start")? {
-                req.start_at_ms = Some(if v.is_empty() { 0 } else { rfc3339("--start", &v)? });
-            }
-            if let Some(v) = take_flag(&mut args, "--end")? {
-                req.end_at_ms = Some(if v.is_empty() { 0 } else { rfc3339("--end", &v)? });
-            }
-            if let Some(v) = take_flag(&mut args, "--runs")? {
-                req.remaining_runs = Some(number("--runs", &v)?);
-            }
-            req.cron_job_id = arg(&args, 2, "cron job id")?;
             Ok(job_out(o, &client.update_cron_job(req).await?, None))
         }
-        "get" => Ok(job_out(o, &client.get_cron_job(&arg(&args, 2, "cron job id")?).await?, None)),
-        "list" => {
-            let limit =
-                take_flag(&mut args, "--limit")?.map_or(Ok(100), |l| number("--limit", &l))?;
+        Cron::Get { id } => Ok(job_out(o, &client.get_cron_job(&id).await?, None)),
+        Cron::List { limit } => {
             let (jobs, _) = client.list_cron_jobs(limit, "").await?;
             Ok(jobs_out(o, &jobs))
         }
-        "pause" => {
-            Ok(job_out(o, &client.pause_cron_job(&arg(&args, 2, "cron job id")?).await?, None))
+        Cron::Pause { id } => Ok(job_out(o, &client.pause_cron_job(&id).await?, None)),
+        Cron::Resume { id, catch_up } => {
+            Ok(job_out(o, &client.resume_cron_job(&id, catch_up).await?, None))
         }
-        "resume" => {
-            let catch_up = take_switch(&mut args, "--catch-up");
-            let j = client.resume_cron_job(&arg(&args, 2, "cron job id")?, catch_up).await?;
-            Ok(job_out(o, &j, None))
-        }
-        "delete" => {
-            let id = arg(&args, 2, "cron job id")?;
+        Cron::Delete { id } => {
             client.delete_cron_job(&id).await?;
             Ok(if o.json { json!({"deleted": id}).to_string() } else { format!("{id} deleted") })
         }
-        "preview" => {
+        Cron::Preview { expression, tz, from, until, dst_gap, dst_fold, limit } => {
             let req = PreviewRequest {
-                timezone: take_flag(&mut args, "--tz")?.unwrap_or_else(|| "UTC".into()),
-                from_ms: take_flag(&mut args, "--from")?
-                    .map(|v| rfc3339("--from", &v))
-                    .transpose()?
-                    .unwrap_or(0),
-                until_ms: take_flag(&mut args, "--until")?
-                    .map(|v| rfc3339("--until", &v))
-                    .transpose()?
-                    .unwrap_or(0),
-                dst_gap: take_flag(&mut args, "--dst-gap")?.unwrap_or_default(),
-                dst_fold: take_flag(&mut args, "--dst-fold")?.unwrap_or_default(),
-                limit: take_flag(&mut args, "--limit")?.map_or(Ok(0), |l| number("--limit", &l))?,
-                expression: arg(&args, 2, "expression")?,
+                timezone: tz,
+                from_ms: from.unwrap_or(0),
+                until_ms: until.unwrap_or(0),
+                dst_gap: dst_gap.unwrap_or_default(),
+                dst_fold: dst_fold.unwrap_or_default(),
+                limit,
+                expression,
             };
             let occ = client.preview_cron(req).await?;
             if o.json {
@@ -273,20 +187,9 @@ pub(super) async fn run(
             }
             Ok(table(&["UTC", "LOCAL"], occ.into_iter().map(|x| vec![x.utc, x.local]).collect()))
         }
-        "backfill" => {
-            let from =
-                take_flag(&mut args, "--from")?.ok_or_else(|| usage("--from is required"))?;
-            let until =
-                take_flag(&mut args, "--until")?.ok_or_else(|| usage("--until is required"))?;
-            let overlap = take_flag(&mut args, "--overlap")?.unwrap_or_default();
-            let id = arg(&args, 2, "cron job id")?;
+        Cron::Backfill { id, from, until, overlap } => {
             let (j, occ) = client
-                .backfill_cron_job(
-                    &id,
-                    rfc3339("--from", &from)?,
-                    rfc3339("--until", &until)?,
-                    &overlap,
-                )
+                .backfill_cron_job(&id, from, until, &overlap.unwrap_or_default())
                 .await?;
             if o.json {
                 let occ: Vec<String> = occ.iter().map(|x| time(*x)).collect();
@@ -294,10 +197,8 @@ pub(super) async fn run(
             }
             Ok(format!("{} occurrences queued for {id}", occ.len()))
         }
-        "runs" => {
-            let limit =
-                take_flag(&mut args, "--limit")?.map_or(Ok(100), |l| number("--limit", &l))?;
-            let page = client.cron_runs(&arg(&args, 2, "cron job id")?, limit, Vec::new()).await?;
+        Cron::Runs { id, limit } => {
+            let page = client.cron_runs(&id, limit, Vec::new()).await?;
             if o.json {
                 let runs: Vec<Value> = page
                     .executions
@@ -312,6 +213,5 @@ pub(super) async fn run(
             }
             Ok(executions_out(o, &page.executions))
         }
-        other => Err(usage(format!("unknown cron subcommand {other:?}"))),
     }
 }

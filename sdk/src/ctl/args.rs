@@ -1,0 +1,466 @@
+//! The `kairosctl` command line, declared with clap: one-shot commands and, with the same
+//! definitions, the lines of `kairosctl console`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use serde_json::Value;
+
+/// What the exit codes mean (shown under `--help`).
+pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · \
+4 conflict (already exists, wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out";
+
+/// `kairosctl …`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kairosctl",
+    version,
+    about = "The Kairos admin console: one-shot commands, or `console` for an interactive session.",
+    after_help = EXIT_CODES,
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    /// The node's gRPC endpoint.
+    #[arg(
+        long,
+        env = "KAIROS_ENDPOINT",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:7071",
+        value_name = "URL"
+    )]
+    pub endpoint: String,
+    /// The namespace.
+    #[arg(long, env = "KAIROS_NAMESPACE", hide_env_values = true, default_value = "default", value_name = "NS")]
+    pub namespace: String,
+    /// JSON output, for scripts: results on stdout, errors (usage errors too) on stderr as
+    /// {"error": {"code", "message", "exitCode"}}.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands of the command line.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    #[command(flatten)]
+    Api(Api),
+    /// The load generator (kairosctl bench --help; docs/load-generator.md).
+    #[command(disable_help_flag = true, disable_version_flag = true)]
+    Bench {
+        /// A scenario (s1…s5) and its options: see `kairosctl bench --help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<String>,
+    },
+    /// An interactive session: one command per line, with history, editing and completion.
+    Console,
+    /// Prints a shell completion script, e.g. `kairosctl completions bash > /etc/bash_completion.d/kairosctl`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// A line of `kairosctl console`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "",
+    no_binary_name = true,
+    disable_version_flag = true,
+    subcommand_required = true,
+    arg_required_else_help = true,
+    help_template = "Commands (one per line; `help COMMAND` for its flags):\n{subcommands}\n\n{options}\n\n{after-help}",
+    after_help = "Quote arguments with spaces as in a shell: submit registry://jobs/echo 1 --inputs '{\"name\": \"a b\"}'.\nUp/Down: history · Tab: completes commands and execution ids seen in this session · Ctrl-D or `quit`: leave."
+)]
+pub struct ConsoleLine {
+    /// JSON output for this command.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: ConsoleCommand,
+}
+
+/// What a console line may ask.
+#[derive(Debug, Subcommand)]
+pub enum ConsoleCommand {
+    #[command(flatten)]
+    Api(Api),
+    /// Leaves the console.
+    #[command(alias = "exit")]
+    Quit,
+}
+
+/// The commands that talk to a node.
+#[derive(Debug, Subcommand)]
+pub enum Api {
+    /// Submits an execution (due now unless --at or --after).
+    Submit(Submit),
+    /// An execution and its attempts, by id or by idempotency key.
+    #[command(group(ArgGroup::new("which").required(true).args(["execution_id", "key"])))]
+    Get {
+        /// The execution id.
+        execution_id: Option<String>,
+        /// Look it up by the idempotency key it was submitted with.
+        #[arg(long, value_name = "IDEMPOTENCY_KEY")]
+        key: Option<String>,
+    },
+    /// Cancels an execution (a running one is asked to stop).
+    Cancel {
+        /// The execution id.
+        execution_id: String,
+    },
+    /// Runs a finished execution again.
+    Replay {
+        /// The execution id.
+        execution_id: String,
+    },
+    /// Waits until an execution ends.
+    Wait {
+        /// The execution id.
+        execution_id: String,
+        /// Give up after this many seconds.
+        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = seconds)]
+        timeout: Duration,
+    },
+    /// Lists executions.
+    List {
+        /// Only executions in this status.
+        #[arg(long, value_parser = STATUSES, ignore_case = true)]
+        status: Option<String>,
+        /// Only executions of this definition (its name).
+        #[arg(long, value_name = "NAME", default_value = "")]
+        definition: String,
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: u32,
+    },
+    /// Job definitions: apply, get, list.
+    #[command(subcommand)]
+    Definitions(Definitions),
+    /// Durable schedules (docs/cron.md).
+    #[command(subcommand)]
+    Cron(Cron),
+    /// The cluster's live nodes.
+    Nodes,
+    /// Shard leases.
+    Shards {
+        /// The shard space.
+        #[arg(long, default_value = "executions", value_parser = ["executions", "cron"])]
+        space: String,
+    },
+    /// Executions per status.
+    Stats {
+        /// Over every namespace.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Records put aside as unprocessable.
+    Quarantined {
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: u32,
+    },
+}
+
+/// The statuses `list --status` takes.
+pub const STATUSES: [&str; 7] =
+    ["scheduled", "ready", "running", "retry_wait", "succeeded", "failed", "cancelled"];
+
+/// `submit`.
+#[derive(Debug, Args)]
+pub struct Submit {
+    /// registry://jobs/NAME
+    pub definition_uri: String,
+    /// The definition's version.
+    pub version: u32,
+    /// The inputs, a JSON object.
+    #[arg(long, value_name = "JSON", value_parser = json_value)]
+    pub inputs: Option<Value>,
+    /// Run at this time.
+    #[arg(long, value_name = "RFC3339", value_parser = rfc3339, conflicts_with = "after")]
+    pub at: Option<i64>,
+    /// Run this many seconds after the node receives the request (counted by the node's clock,
+    /// so a retry with the same --key is the same request).
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub after: Option<Duration>,
+    /// The idempotency key: the same key with the same request gives the same execution.
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+/// `definitions …`.
+#[derive(Debug, Subcommand)]
+pub enum Definitions {
+    /// Registers a definition from a YAML file (unchanged if already registered).
+    Apply {
+        /// The definition file.
+        file: PathBuf,
+    },
+    /// A definition (its latest version unless --version).
+    Get {
+        /// The definition's name.
+        name: String,
+        /// This version.
+        #[arg(long, value_name = "N")]
+        version: Option<u32>,
+    },
+    /// Every definition.
+    List,
+}
+
+/// The policies of a schedule (create), each also settable by `cron update`.
+#[derive(Debug, Args, Default)]
+pub struct Policies {
+    /// What a daily time inside a DST gap does.
+    #[arg(long, value_parser = ["skip", "shift-to-gap-end", "shift-by-gap"])]
+    pub dst_gap: Option<String>,
+    /// What a time repeated by a DST fold does.
+    #[arg(long, value_parser = ["first", "second", "both"])]
+    pub dst_fold: Option<String>,
+    /// Occurrences missed while down.
+    #[arg(long, value_parser = ["skip", "latest", "all"])]
+    pub missed: Option<String>,
+    /// How far back missed occurrences are made up.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds_ms)]
+    pub catch_up_window: Option<i64>,
+    /// When an occurrence falls due while the previous run is still going.
+    #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
+    pub overlap: Option<String>,
+    /// Random delay of each run, up to this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds_ms)]
+    pub jitter: Option<i64>,
+    /// The inputs of every run, a JSON object (`{{occurrence}}` placeholders).
+    #[arg(long, value_name = "JSON", value_parser = json_text)]
+    pub inputs: Option<String>,
+    /// Not before this time ("" for no start).
+    #[arg(long, value_name = "RFC3339", value_parser = rfc3339_or_empty)]
+    pub start: Option<i64>,
+    /// Not after this time ("" for no end).
+    #[arg(long, value_name = "RFC3339", value_parser = rfc3339_or_empty)]
+    pub end: Option<i64>,
+    /// Only this many runs.
+    #[arg(long, value_name = "N")]
+    pub runs: Option<u32>,
+    /// Free text.
+    #[arg(long, value_name = "TEXT")]
+    pub notes: Option<String>,
+}
+
+/// `cron …`.
+#[derive(Debug, Subcommand)]
+pub enum Cron {
+    /// Creates a schedule.
+    Create {
+        /// registry://jobs/NAME
+        definition_uri: String,
+        /// The definition's version.
+        version: u32,
+        /// The cron expression (5 or 6 fields, or @daily…), quoted.
+        expression: String,
+        /// The IANA time zone.
+        #[arg(long, value_name = "ZONE", default_value = "UTC")]
+        tz: String,
+        /// The schedule's id (made up when not given).
+        #[arg(long, default_value = "")]
+        id: String,
+        /// Pause the schedule when a run fails.
+        #[arg(long)]
+        pause_on_failure: bool,
+        /// Create it paused.
+        #[arg(long)]
+        paused: bool,
+        #[command(flatten)]
+        policies: Policies,
+    },
+    /// Changes a schedule; only the flags given change.
+    Update {
+        /// The schedule's id.
+        id: String,
+        /// A new expression.
+        #[arg(long, value_name = "EXPR")]
+        expression: Option<String>,
+        /// A new time zone.
+        #[arg(long, value_name = "ZONE")]
+        tz: Option<String>,
+        /// Another definition.
+        #[arg(long, value_name = "URI")]
+        definition: Option<String>,
+        /// Another definition version.
+        #[arg(long, value_name = "N")]
+        version: Option<u32>,
+        /// Pause the schedule when a run fails.
+        #[arg(long, value_name = "BOOL")]
+        pause_on_failure: Option<bool>,
+        #[command(flatten)]
+        policies: Policies,
+    },
+    /// A schedule.
+    Get {
+        /// The schedule's id.
+        id: String,
+    },
+    /// The schedules.
+    List {
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: u32,
+    },
+    /// Deletes a schedule (its executions stay).
+    Delete {
+        /// The schedule's id.
+        id: String,
+    },
+    /// Pauses a schedule.
+    Pause {
+        /// The schedule's id.
+        id: String,
+    },
+    /// Resumes a paused schedule.
+    Resume {
+        /// The schedule's id.
+        id: String,
+        /// Make up the occurrences missed while paused (per its missed policy).
+        #[arg(long)]
+        catch_up: bool,
+    },
+    /// When an expression fires (no stored schedule needed).
+    Preview {
+        /// The cron expression, quoted.
+        expression: String,
+        /// The IANA time zone.
+        #[arg(long, value_name = "ZONE", default_value = "UTC")]
+        tz: String,
+        /// From this time (default now).
+        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
+        from: Option<i64>,
+        /// Until this time.
+        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
+        until: Option<i64>,
+        /// What a time inside a DST gap does.
+        #[arg(long, value_parser = ["skip", "shift-to-gap-end", "shift-by-gap"])]
+        dst_gap: Option<String>,
+        /// What a time repeated by a DST fold does.
+        #[arg(long, value_parser = ["first", "second", "both"])]
+        dst_fold: Option<String>,
+        /// At most this many occurrences.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        limit: u32,
+    },
+    /// Queues the occurrences of a past interval.
+    Backfill {
+        /// The schedule's id.
+        id: String,
+        /// From this time.
+        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
+        from: i64,
+        /// Until this time.
+        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
+        until: i64,
+        /// The overlap policy for these runs.
+        #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
+        overlap: Option<String>,
+    },
+    /// A schedule's executions, oldest occurrence first.
+    Runs {
+        /// The schedule's id.
+        id: String,
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: u32,
+    },
+}
+
+/// An RFC 3339 time → ms since the epoch.
+pub fn rfc3339(v: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(v)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| format!("not an RFC 3339 time like 2026-03-08T00:00:00Z ({e})"))
+}
+
+/// An RFC 3339 time, or "" (0: none).
+pub fn rfc3339_or_empty(v: &str) -> Result<i64, String> {
+    if v.is_empty() { Ok(0) } else { rfc3339(v) }
+}
+
+/// Seconds (fractions allowed, not negative).
+pub fn seconds(v: &str) -> Result<Duration, String> {
+    v.parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("not a number of seconds: {v:?}"))
+}
+
+/// Seconds → ms.
+pub fn seconds_ms(v: &str) -> Result<i64, String> {
+    seconds(v).map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A JSON value.
+pub fn json_value(v: &str) -> Result<Value, String> {
+    serde_json::from_str(v).map_err(|e| format!("malformed JSON: {e}"))
+}
+
+/// A JSON value, re-serialized.
+pub fn json_text(v: &str) -> Result<String, String> {
+    json_value(v).map(|j| j.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_definitions_are_consistent() {
+        Cli::command().debug_assert();
+        ConsoleLine::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kairosctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn usage_errors_are_refused() {
+        use clap::error::ErrorKind;
+        let kind = |a: &[&str]| parse(a).map(|_| ()).unwrap_err().kind();
+        assert_eq!(
+            kind(&["submit", "registry://jobs/x", "1", "--affter", "3600"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            kind(&["submit", "registry://jobs/x", "1", "--at", "2026-01-01T00:00:00Z", "--after", "1"]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(kind(&["get", "a", "extra"]), ErrorKind::UnknownArgument);
+        assert_eq!(kind(&["get"]), ErrorKind::MissingRequiredArgument);
+        assert_eq!(kind(&["submit", "registry://jobs/x", "one"]), ErrorKind::ValueValidation);
+        assert_eq!(kind(&["list", "--status", "sleeping"]), ErrorKind::InvalidValue);
+        assert_eq!(kind(&["submit", "u", "1", "--after=-1"]), ErrorKind::ValueValidation);
+        assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
+        assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn documented_invocations_parse() {
+        for a in [
+            &["--json", "get", "X"][..],
+            &["get", "X", "--json"],
+            &["get", "--key", "K"],
+            &["--endpoint", "http://h:1", "--namespace", "n", "list", "--status", "FAILED"],
+            &["cron", "create", "registry://jobs/echo", "1", "* * * * * *", "--id", "tick",
+              "--missed", "all", "--catch-up-window", "3600", "--overlap", "allow", "--inputs",
+              r#"{"name": "{{occurrence}}"}"#],
+            &["cron", "update", "x", "--pause-on-failure", "true", "--runs", "0", "--start", ""],
+            &["bench", "s2", "--quick", "--endpoint", "http://x:1"],
+            &["bench", "--help"],
+            &["completions", "bash"],
+        ] {
+            if let Err(e) = parse(a) {
+                panic!("{a:?}: {e}");
+            }
+        }
+    }
+}

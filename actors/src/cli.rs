@@ -1,101 +1,213 @@
 //! The `kairos` command line (the binary is a thin `main` calling [`main`]).
 //!
 //! ```text
-//! kairos dev   [flags]   one node on the embedded backend in ./kairos-data: no set-up
-//! kairos serve [flags]   a node as configured (file, KAIROS_* env, flags)
-//! kairos check [flags]   checks a stopped node's store (engine pages, then every record)
-//!
-//! flags: --config FILE  --data-dir DIR  --listen-http ADDR  --node-id ID  --cluster NAME
-//!        --backend embedded|memory|fdb  --shard-count N  --log FILTER
+//! kairos dev    [flags]   one node on the embedded backend in ./kairos-data: no set-up
+//! kairos serve  [flags]   a node as configured (file, KAIROS_* env, flags)
+//! kairos check  [flags]   checks a stopped node's store (engine pages, then every record)
+//! kairos worker --queue Q runs the generic executors for one queue
+//! kairos completions SHELL
 //! ```
+//! Parsed with clap (`kairos <command> --help`): usage errors exit 2, failures exit 1 with
+//! their causes on stderr (no backtrace).
 //! Stops on Ctrl-C / SIGTERM: drains (stops claiming, finishes in-flight transactions,
 //! releases shard leases so other nodes take over at once), then exits.
 
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::Node;
 use crate::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::{Database, StoreHealth};
 
-const USAGE: &str = "usage: kairos --version
-       kairos check [--config FILE] [--data-dir DIR] [--cluster NAME] [--backend embedded|fdb]
-       kairos worker --queue QUEUE [--endpoint URL] [--namespace NS] [--concurrency N] [--worker-id ID]
-       kairos <dev|serve> [--config FILE] [--data-dir DIR] [--listen-http ADDR] [--listen-grpc ADDR] \
-[--node-id ID] [--cluster NAME] [--backend embedded|memory|fdb] [--shard-count N] [--log FILTER] \
-[--store-cache-mib N] [--new-store]";
+/// `kairos …`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kairos",
+    version = crate::VERSION,
+    about = "Kairos: a distributed time-based job scheduler (the node, its store check, a generic worker).",
+    after_help = "Node settings: defaults, then --config FILE, then KAIROS_* environment variables, \
+                  then flags (docs/node.md). Stops on Ctrl-C / SIGTERM after draining.",
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-/// Runs the `kairos` command line with the process arguments.
-pub fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (command, flags) = match args.split_first() {
-        Some((c, rest)) => (c.as_str(), rest),
-        None => bail!("no command given\n{USAGE}"),
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One node on the embedded backend in ./kairos-data: no set-up.
+    Dev(NodeArgs),
+    /// A node as configured (file, KAIROS_* environment, flags).
+    Serve(NodeArgs),
+    /// Checks a stopped node's store (engine pages, then every record); exits 1 when damaged.
+    Check(CheckArgs),
+    /// Runs the generic executors (`command` and `http` definitions) for one queue.
+    Worker(WorkerArgs),
+    /// Prints a shell completion script, e.g. `kairos completions bash`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Where the node's settings come from (each also a YAML key and a KAIROS_* variable:
+/// docs/node.md).
+#[derive(Debug, Args)]
+struct StoreArgs {
+    /// A YAML settings file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The data directory [env: KAIROS_DATA_DIR] [default: kairos-data].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<String>,
+    /// The keyspace root [env: KAIROS_CLUSTER] [default: default].
+    #[arg(long, value_name = "NAME")]
+    cluster: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct NodeArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The storage backend [env: KAIROS_BACKEND] [default: embedded].
+    #[arg(long, value_parser = ["embedded", "memory", "fdb"])]
+    backend: Option<String>,
+    /// HTTP API, /metrics and /healthz [env: KAIROS_LISTEN_HTTP] [default: 127.0.0.1:7070].
+    #[arg(long, value_name = "ADDR", value_parser = clap::value_parser!(std::net::SocketAddr))]
+    listen_http: Option<std::net::SocketAddr>,
+    /// gRPC API [env: KAIROS_LISTEN_GRPC] [default: 127.0.0.1:7071].
+    #[arg(long, value_name = "ADDR", value_parser = clap::value_parser!(std::net::SocketAddr))]
+    listen_grpc: Option<std::net::SocketAddr>,
+    /// This node's id [env: KAIROS_NODE_ID] [default: kept in DIR/node-id].
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// Logical shards, fixed when the cluster is created [default: 64].
+    #[arg(long, value_name = "N")]
+    shard_count: Option<u32>,
+    /// A `tracing` filter for the logs on stderr [env: KAIROS_LOG] [default: info].
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
+    /// The embedded store's page cache, 8-65536 MiB [env: KAIROS_STORE_CACHE_MIB] [default: 128].
+    #[arg(long, value_name = "MIB")]
+    store_cache_mib: Option<u64>,
+    /// Start a new, empty store although the data directory held one (what it held is lost).
+    #[arg(long)]
+    new_store: bool,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The storage backend [env: KAIROS_BACKEND] [default: embedded].
+    #[arg(long, value_parser = ["embedded", "fdb"])]
+    backend: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct WorkerArgs {
+    /// The queue to serve (letters, digits and -_.:/@, as the node requires).
+    #[arg(long, value_parser = |q: &str| name("queue", q))]
+    queue: String,
+    /// The node's gRPC endpoint.
+    #[arg(
+        long,
+        env = "KAIROS_ENDPOINT",
+        hide_env_values = true,
+        default_value = "http://127.0.0.1:7071",
+        value_name = "URL"
+    )]
+    endpoint: String,
+    /// The namespace.
+    #[arg(
+        long,
+        env = "KAIROS_NAMESPACE",
+        hide_env_values = true,
+        default_value = "default",
+        value_name = "NS",
+        value_parser = |n: &str| name("namespace", n)
+    )]
+    namespace: String,
+    /// Executions run at once (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    concurrency: u32,
+    /// This worker's id [default: worker-PID].
+    #[arg(long, value_name = "ID", value_parser = |w: &str| name("worker id", w))]
+    worker_id: Option<String>,
+}
+
+/// A name checked by the node's own rule (namespaces, queues, worker ids).
+fn name(what: &str, v: &str) -> Result<String, String> {
+    kairos_layer::ops::submit::check_name(what, v)
+        .map(|()| v.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// Runs the `kairos` command line with the process arguments: exit code 0 on success, 1 on a
+/// failure (its causes on stderr, no backtrace), 2 on a usage error.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
     };
-    match command {
-        "dev" | "serve" => {}
-        "check" => {
-            let config = load_config(flags)?;
-            let damaged = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the runtime")?
-                .block_on(crate::check::run(&config))?;
-            if damaged {
-                bail!("the store is damaged (see above)");
-            }
-            return Ok(());
+    match run_command(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kairos: {e:#}");
+            ExitCode::FAILURE
         }
-        "worker" => {
-            return tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the runtime")?
-                .block_on(worker(flags));
-        }
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        "-V" | "--version" | "version" => {
-            println!("kairos {}", crate::VERSION);
-            return Ok(());
-        }
-        other => bail!("unknown command `{other}`\n{USAGE}"),
     }
-    let config = load_config(flags)?;
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kairos")
         .build()
-        .context("starting the runtime")?
-        .block_on(run(config))
+        .context("starting the runtime")
+}
+
+fn run_command(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Dev(a) | Command::Serve(a) => {
+            let config = node_config(&a)?;
+            runtime()?.block_on(run(config))
+        }
+        Command::Check(a) => {
+            let mut config = base_config(&a.store)?;
+            if let Some(b) = &a.backend {
+                config.set("backend", b)?;
+            }
+            config.validate()?;
+            let damaged = runtime()?.block_on(crate::check::run(&config))?;
+            if damaged {
+                bail!("the store is damaged (see above)");
+            }
+            Ok(())
+        }
+        Command::Worker(a) => runtime()?.block_on(worker(a)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut std::io::stdout());
+            Ok(())
+        }
+    }
 }
 
 /// `kairos worker`: runs the generic executors (`command` and `http` definitions) for one queue.
-async fn worker(flags: &[String]) -> anyhow::Result<()> {
-    let mut endpoint = "http://127.0.0.1:7071".to_string();
-    let mut namespace = "default".to_string();
-    let mut queue = None;
-    let mut concurrency = 8usize;
-    let mut worker_id = format!("worker-{}", std::process::id());
-    let mut it = flags.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--endpoint" => endpoint = value.clone(),
-            "--namespace" => namespace = value.clone(),
-            "--queue" => queue = Some(value.clone()),
-            "--concurrency" => concurrency = value.parse().context("--concurrency: a number")?,
-            "--worker-id" => worker_id = value.clone(),
-            other => bail!("unknown flag `{other}`\n{USAGE}"),
-        }
-    }
-    let queue = queue.context("--queue is required")?;
+async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
+    let WorkerArgs { queue, endpoint, namespace, concurrency, worker_id } = a;
+    let worker_id = worker_id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
     // Wait for the node (it may still be starting), up to 30 s.
     let mut tries = 0;
     let client = loop {
@@ -113,51 +225,60 @@ async fn worker(flags: &[String]) -> anyhow::Result<()> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = kairos_sdk::Worker::new(client, queue.clone(), worker_id.clone())
-        .concurrency(concurrency)
+        .concurrency(concurrency as usize)
         .fallback(kairos_sdk::run_generic);
     println!(
         "kairos worker {worker_id}: serving queue {queue} from {endpoint} ({concurrency} at once)"
     );
-    let run = tokio::spawn(w.run(stop_rx));
-    wait_for_signal().await;
+    let mut run = tokio::spawn(w.run(stop_rx));
+    // The worker ends by itself when the node refuses it (a bad setting): exit non-zero then.
+    tokio::select! {
+        r = &mut run => {
+            r.context("worker task")??;
+            bail!("the worker stopped");
+        }
+        () = wait_for_signal() => {}
+    }
     println!("kairos worker: finishing running tasks…");
     let _ = stop_tx.send(true);
     run.await.context("worker task")??;
     Ok(())
 }
 
-fn load_config(flags: &[String]) -> anyhow::Result<NodeConfig> {
+/// Defaults, then the file, then the environment, then the store flags.
+fn base_config(a: &StoreArgs) -> anyhow::Result<NodeConfig> {
     let mut config = NodeConfig::default();
-    if let Some(i) = flags.iter().position(|f| f == "--config") {
-        let path = flags.get(i + 1).context("--config needs a file")?;
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    if let Some(path) = &a.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?;
         config = NodeConfig::from_yaml(&text)?;
     }
     config.apply_env(|k| std::env::var(k).ok())?;
-    let mut it = flags.iter();
-    while let Some(flag) = it.next() {
-        let setting = match flag.as_str() {
-            "--config" => {
-                it.next();
-                continue;
-            }
-            "--data-dir" => "data_dir",
-            "--listen-http" => "listen_http",
-            "--listen-grpc" => "listen_grpc",
-            "--node-id" => "node_id",
-            "--cluster" => "cluster",
-            "--backend" => "backend",
-            "--shard-count" => "shard_count",
-            "--log" => "log",
-            "--store-cache-mib" => "store_cache_mib",
-            "--new-store" => {
-                config.set("new_store", "true")?;
-                continue;
-            }
-            other => bail!("unknown flag `{other}`\n{USAGE}"),
-        };
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        config.set(setting, value)?;
+    if let Some(v) = &a.data_dir {
+        config.set("data_dir", v)?;
+    }
+    if let Some(v) = &a.cluster {
+        config.set("cluster", v)?;
+    }
+    Ok(config)
+}
+
+fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
+    let mut config = base_config(&a.store)?;
+    let flags = [
+        ("backend", a.backend.clone()),
+        ("listen_http", a.listen_http.map(|v| v.to_string())),
+        ("listen_grpc", a.listen_grpc.map(|v| v.to_string())),
+        ("node_id", a.node_id.clone()),
+        ("shard_count", a.shard_count.map(|v| v.to_string())),
+        ("log", a.log.clone()),
+        ("store_cache_mib", a.store_cache_mib.map(|v| v.to_string())),
+        ("new_store", a.new_store.then(|| "true".to_string())),
+    ];
+    for (setting, value) in flags {
+        if let Some(v) = value {
+            config.set(setting, &v)?;
+        }
     }
     config.validate()?;
     Ok(config)

@@ -6,6 +6,6 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     kairos_actors::cli::main()
 }

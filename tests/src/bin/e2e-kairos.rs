@@ -1,4 +1,4 @@
 //! `kairos`, built inside the e2e test package.
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     kairos_actors::cli::main()
 }

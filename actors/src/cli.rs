@@ -29,6 +29,7 @@ use kairos_layer::kv::{Database, StoreHealth};
 #[derive(Debug, Parser)]
 #[command(
     name = "kairos",
+    bin_name = "kairos",
     version = crate::VERSION,
     about = "Kairos: a distributed time-based job scheduler (the node, its store check, a generic worker).",
     after_help = "Node settings: defaults, then --config FILE, then KAIROS_* environment variables, \
@@ -249,8 +250,8 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
 fn base_config(a: &StoreArgs) -> anyhow::Result<NodeConfig> {
     let mut config = NodeConfig::default();
     if let Some(path) = &a.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         config = NodeConfig::from_yaml(&text)?;
     }
     config.apply_env(|k| std::env::var(k).ok())?;

@@ -246,28 +246,30 @@ async fn run(client: &Client, o: &Opts, cmd: Api) -> Result<String, Failure> {
                 .await?;
             Ok(executions_out(o, &page.executions))
         }
-        Api::Definitions(d) => match d {
-            Definitions::Apply { file } => {
-                let source = std::fs::read_to_string(&file)
-                    .map_err(|e| Failure::Other(format!("{}: {e}", file.display())))?;
-                let (d, created) = client.register_definition(&source).await?;
-                Ok(definition_out(o, &d, Some(created)))
-            }
-            Definitions::Get { name, version } => {
-                Ok(definition_out(o, &client.get_definition(&name, version).await?, None))
-            }
-            Definitions::List => {
-                let ds = client.list_definitions().await?;
-                if o.json {
-                    return Ok(json!(ds.iter().map(|d| json!({"name": d.name, "version": d.version, "queue": d.queue})).collect::<Vec<_>>()).to_string());
+        Api::Definitions(d) => {
+            match d {
+                Definitions::Apply { file } => {
+                    let source = std::fs::read_to_string(&file)
+                        .map_err(|e| Failure::Other(format!("{}: {e}", file.display())))?;
+                    let (d, created) = client.register_definition(&source).await?;
+                    Ok(definition_out(o, &d, Some(created)))
                 }
-                let rows = ds
-                    .iter()
-                    .map(|d| vec![d.name.clone(), d.version.to_string(), d.queue.clone()])
-                    .collect();
-                Ok(table(&["NAME", "VERSION", "QUEUE"], rows))
+                Definitions::Get { name, version } => {
+                    Ok(definition_out(o, &client.get_definition(&name, version).await?, None))
+                }
+                Definitions::List => {
+                    let ds = client.list_definitions().await?;
+                    if o.json {
+                        return Ok(json!(ds.iter().map(|d| json!({"name": d.name, "version": d.version, "queue": d.queue})).collect::<Vec<_>>()).to_string());
+                    }
+                    let rows = ds
+                        .iter()
+                        .map(|d| vec![d.name.clone(), d.version.to_string(), d.queue.clone()])
+                        .collect();
+                    Ok(table(&["NAME", "VERSION", "QUEUE"], rows))
+                }
             }
-        },
+        }
         Api::Cron(c) => cron::run(client, o, c).await,
         Api::Nodes => {
             let nodes = client.nodes().await?;
@@ -427,7 +429,12 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
     };
     match cli.command {
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "kairosctl", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "kairosctl",
+                &mut std::io::stdout(),
+            );
             0
         }
         Command::Bench { args } => rt.block_on(crate::bench::main(args)),

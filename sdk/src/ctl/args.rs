@@ -15,6 +15,7 @@ pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 
 #[derive(Debug, Parser)]
 #[command(
     name = "kairosctl",
+    bin_name = "kairosctl",
     version,
     about = "The Kairos admin console: one-shot commands, or `console` for an interactive session.",
     after_help = EXIT_CODES,
@@ -32,7 +33,13 @@ pub struct Cli {
     )]
     pub endpoint: String,
     /// The namespace.
-    #[arg(long, env = "KAIROS_NAMESPACE", hide_env_values = true, default_value = "default", value_name = "NS")]
+    #[arg(
+        long,
+        env = "KAIROS_NAMESPACE",
+        hide_env_values = true,
+        default_value = "default",
+        value_name = "NS"
+    )]
     pub namespace: String,
     /// JSON output, for scripts: results on stdout, errors (usage errors too) on stderr as
     /// {"error": {"code", "message", "exitCode"}}.
@@ -431,7 +438,15 @@ mod tests {
             ErrorKind::UnknownArgument
         );
         assert_eq!(
-            kind(&["submit", "registry://jobs/x", "1", "--at", "2026-01-01T00:00:00Z", "--after", "1"]),
+            kind(&[
+                "submit",
+                "registry://jobs/x",
+                "1",
+                "--at",
+                "2026-01-01T00:00:00Z",
+                "--after",
+                "1"
+            ]),
             ErrorKind::ArgumentConflict
         );
         assert_eq!(kind(&["get", "a", "extra"]), ErrorKind::UnknownArgument);
@@ -450,9 +465,23 @@ mod tests {
             &["get", "X", "--json"],
             &["get", "--key", "K"],
             &["--endpoint", "http://h:1", "--namespace", "n", "list", "--status", "FAILED"],
-            &["cron", "create", "registry://jobs/echo", "1", "* * * * * *", "--id", "tick",
-              "--missed", "all", "--catch-up-window", "3600", "--overlap", "allow", "--inputs",
-              r#"{"name": "{{occurrence}}"}"#],
+            &[
+                "cron",
+                "create",
+                "registry://jobs/echo",
+                "1",
+                "* * * * * *",
+                "--id",
+                "tick",
+                "--missed",
+                "all",
+                "--catch-up-window",
+                "3600",
+                "--overlap",
+                "allow",
+                "--inputs",
+                r#"{"name": "{{occurrence}}"}"#,
+            ],
             &["cron", "update", "x", "--pause-on-failure", "true", "--runs", "0", "--start", ""],
             &["bench", "s2", "--quick", "--endpoint", "http://x:1"],
             &["bench", "--help"],

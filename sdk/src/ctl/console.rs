@@ -172,13 +172,11 @@ fn parse_line(line: &str, session_json: bool) -> Step {
 pub(super) async fn run(endpoint: &str, namespace: String, o: Opts) -> i32 {
     let mut client: Option<Client> = None;
     let config = Config::builder().auto_add_history(true).max_history_size(1_000);
-    let mut rl: Editor<ConsoleHelper, DefaultHistory> = match config
-        .map(|c| c.build())
-        .and_then(Editor::with_config)
-    {
-        Ok(rl) => rl,
-        Err(e) => return report(&o, Err(Failure::Other(format!("the line editor: {e}")))),
-    };
+    let mut rl: Editor<ConsoleHelper, DefaultHistory> =
+        match config.map(|c| c.build()).and_then(Editor::with_config) {
+            Ok(rl) => rl,
+            Err(e) => return report(&o, Err(Failure::Other(format!("the line editor: {e}")))),
+        };
     let seen = Seen::default();
     rl.set_helper(Some(ConsoleHelper { command: ConsoleLine::command(), seen: seen.clone() }));
     let terminal = std::io::stdin().is_terminal();

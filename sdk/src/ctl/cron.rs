@@ -188,9 +188,8 @@ pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, 
             Ok(table(&["UTC", "LOCAL"], occ.into_iter().map(|x| vec![x.utc, x.local]).collect()))
         }
         Cron::Backfill { id, from, until, overlap } => {
-            let (j, occ) = client
-                .backfill_cron_job(&id, from, until, &overlap.unwrap_or_default())
-                .await?;
+            let (j, occ) =
+                client.backfill_cron_job(&id, from, until, &overlap.unwrap_or_default()).await?;
             if o.json {
                 let occ: Vec<String> = occ.iter().map(|x| time(*x)).collect();
                 return Ok(json!({"cronJob": job_json(&j), "occurrences": occ}).to_string());

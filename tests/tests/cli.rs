@@ -1,0 +1,372 @@
+//! The command lines as users run them: the real `kairos` and `kairosctl` binaries (issue 13,
+//! "the command lines"): help and version everywhere, usage errors with exit code 2 and no
+//! backtrace, conflicting flags refused, errors as JSON with `--json`, no node needed for help,
+//! a worker that fails fast on bad settings, environment variables, completions, a retryable
+//! `submit --key --after`, and the console (quoting, help, `quit` exits 0).
+#![allow(clippy::disallowed_methods)] // real processes, real time
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
+const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// An endpoint nobody listens on.
+fn closed_endpoint() -> String {
+    format!("http://127.0.0.1:{}", free_port())
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn output(o: Output) -> Run {
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// Runs a binary with `args` (RUST_BACKTRACE=1: a backtrace would show), stdin closed; kills
+/// it after 30 s (a command that should have failed at once and did not).
+fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut c = Command::new(bin);
+    c.args(args)
+        .env("RUST_BACKTRACE", "1")
+        .env_remove("KAIROS_ENDPOINT")
+        .env_remove("KAIROS_NAMESPACE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("runs");
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("{bin} {args:?} still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    output(child.wait_with_output().unwrap())
+}
+
+fn ctl(args: &[&str]) -> Run {
+    run(KAIROSCTL, args, &[])
+}
+
+fn kairos(args: &[&str]) -> Run {
+    run(KAIROS, args, &[])
+}
+
+/// `kairosctl … console` with `input` on stdin (not a terminal: plain lines).
+fn console(args: &[&str], input: &str) -> Run {
+    let mut child = Command::new(KAIROSCTL)
+        .args(args)
+        .arg("console")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("console starts");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    output(child.wait_with_output().unwrap())
+}
+
+fn json_of(s: &str) -> Value {
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+fn assert_usage_error(r: &Run, what: &str) {
+    assert_eq!(r.code, 2, "{what}: exit code 2 for a usage error\n{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("--help"), "{what}: points to --help\n{}", r.stderr);
+    assert!(!r.stderr.contains("stack backtrace"), "{what}: no backtrace\n{}", r.stderr);
+}
+
+#[test]
+fn help_and_version_everywhere_without_a_node() {
+    let closed = closed_endpoint();
+    let helps: &[&[&str]] = &[
+        &["--help"],
+        &["dev", "--help"],
+        &["serve", "--help"],
+        &["check", "--help"],
+        &["worker", "--help"],
+        &["help", "worker"],
+    ];
+    for args in helps {
+        let r = kairos(args);
+        assert_eq!(r.code, 0, "kairos {args:?}: {}", r.stderr);
+        assert!(r.stdout.contains("Usage: kairos"), "kairos {args:?}: {}", r.stdout);
+    }
+    let r = kairos(&["dev", "--help"]);
+    for flag in ["--data-dir", "--store-cache-mib", "--new-store", "KAIROS_LISTEN_HTTP"] {
+        assert!(r.stdout.contains(flag), "kairos dev --help names {flag}: {}", r.stdout);
+    }
+    let helps: &[&[&str]] = &[
+        &["--help"],
+        &["help"],
+        &["submit", "--help"],
+        &["cron", "create", "--help"],
+        &["help", "definitions", "apply"],
+        &["console", "--help"],
+        &["bench", "--help"],
+    ];
+    for args in helps {
+        // Pointed at a closed port: help never connects.
+        let r = ctl(&[&["--endpoint", &closed], *args].concat());
+        assert_eq!(r.code, 0, "kairosctl {args:?}: {}", r.stderr);
+        assert!(r.stdout.contains("sage: kairosctl"), "kairosctl {args:?}: {}", r.stdout);
+    }
+    assert!(ctl(&["submit", "--help"]).stdout.contains("--after"));
+    for (bin, name) in [(KAIROS, "kairos"), (KAIROSCTL, "kairosctl")] {
+        let r = run(bin, &["--version"], &[]);
+        assert_eq!((r.code, r.stdout.trim()), (0, format!("{name} 0.1.0").as_str()));
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_without_a_backtrace() {
+    let closed = closed_endpoint();
+    assert_usage_error(&kairos(&["dev", "--bogus"]), "kairos dev --bogus");
+    assert_usage_error(&kairos(&["dev", "--data-dir"]), "a flag without its value");
+    assert_usage_error(&kairos(&["dev", "extra"]), "an extra argument");
+    assert_usage_error(&kairos(&["serve", "--shard-count", "many"]), "not a number");
+    assert_usage_error(&kairos(&["dev", "--listen-http", "nope"]), "not an address");
+    assert_usage_error(&kairos(&["worker"]), "worker without --queue");
+    assert_usage_error(&kairos(&["check", "--backend", "memory"]), "check of a memory store");
+    assert_usage_error(&kairos(&["launch"]), "an unknown command");
+    assert_eq!(kairos(&[]).code, 2, "no command: the usage, exit 2");
+    let e = &["--endpoint", closed.as_str()];
+    let r = ctl(&[e, &["submit", "registry://jobs/echo", "1", "--affter", "3600"][..]].concat());
+    assert_usage_error(&r, "a misspelt flag");
+    assert!(r.stderr.contains("--affter"), "{}", r.stderr);
+    let r = ctl(&[e, &["get", "an-id", "extra"][..]].concat());
+    assert_usage_error(&r, "an extra argument");
+    let r =
+        ctl(&[
+            e,
+            &[
+                "submit",
+                "registry://jobs/echo",
+                "1",
+                "--at",
+                "2030-01-01T00:00:00Z",
+                "--after",
+                "5",
+            ][..],
+        ]
+        .concat());
+    assert_usage_error(&r, "--at with --after");
+    assert!(r.stderr.contains("cannot be used with"), "{}", r.stderr);
+    assert_usage_error(&ctl(&[e, &["submit", "u", "one"][..]].concat()), "a version not a number");
+    assert_usage_error(&ctl(&[e, &["list", "--status", "sleepy"][..]].concat()), "a bad status");
+    assert_usage_error(
+        &ctl(&[e, &["cron", "create", "u", "1", "@daily", "--overlap", "queue"][..]].concat()),
+        "a bad policy",
+    );
+    assert_eq!(ctl(&["frobnicate"]).code, 2);
+    assert_eq!(ctl(&["bench", "s9"]).code, 2, "bench's own usage errors exit 2 too");
+}
+
+#[test]
+fn json_mode_reports_every_error_as_json() {
+    let closed = closed_endpoint();
+    // A usage error.
+    let r = ctl(&["--endpoint", &closed, "--json", "submit", "u", "1", "--at", "soon"]);
+    assert_eq!(r.code, 2);
+    let v = json_of(&r.stderr);
+    assert_eq!(
+        (v["error"]["code"].clone(), v["error"]["exitCode"].clone()),
+        (json!("USAGE"), json!(2))
+    );
+    assert!(v["error"]["message"].as_str().unwrap().contains("--at"), "{v}");
+    // `--json` after the command counts too.
+    let r = ctl(&["--endpoint", &closed, "get", "x", "y", "--json"]);
+    assert_eq!(json_of(&r.stderr)["error"]["code"], json!("USAGE"));
+    // The node unreachable.
+    let r = ctl(&["--endpoint", &closed, "--json", "nodes"]);
+    assert_eq!(r.code, 6);
+    let v = json_of(&r.stderr);
+    assert_eq!(v["error"]["code"], json!("UNAVAILABLE"), "{v}");
+    assert_eq!(v["error"]["exitCode"], json!(6), "{v}");
+    assert!(r.stdout.is_empty(), "nothing on stdout: {}", r.stdout);
+}
+
+#[test]
+fn environment_variables_are_read() {
+    // kairosctl: KAIROS_ENDPOINT (the error names the port it tried).
+    let closed = closed_endpoint();
+    let r = run(KAIROSCTL, &["nodes"], &[("KAIROS_ENDPOINT", &closed)]);
+    assert_eq!(r.code, 6);
+    assert!(r.stderr.contains(&closed), "{}", r.stderr);
+    // kairos: a bad KAIROS_* value is refused naming the variable, exit 1, no backtrace.
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        KAIROS,
+        &["dev", "--data-dir", dir.path().to_str().unwrap()],
+        &[("KAIROS_LISTEN_HTTP", "nope")],
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("KAIROS_LISTEN_HTTP"), "{}", r.stderr);
+    assert!(!r.stderr.contains("stack backtrace"), "{}", r.stderr);
+    let r = run(
+        KAIROS,
+        &["dev", "--data-dir", dir.path().to_str().unwrap()],
+        &[("KAIROS_STORE_CACHE_MIB", "1")],
+    );
+    assert_eq!(r.code, 1, "KAIROS_STORE_CACHE_MIB is read (1 MiB is below the minimum)");
+    assert!(r.stderr.contains("store_cache_mib"), "{}", r.stderr);
+    // kairos worker: KAIROS_NAMESPACE, checked like --namespace.
+    let r = run(KAIROS, &["worker", "--queue", "q"], &[("KAIROS_NAMESPACE", "bad namespace")]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("namespace"), "{}", r.stderr);
+}
+
+#[test]
+fn a_worker_fails_fast_on_bad_settings() {
+    let closed = closed_endpoint();
+    for (args, what) in [
+        (&["--queue", "bad queue"][..], "queue"),
+        (&["--queue", "q", "--concurrency", "0"], "concurrency"),
+        (&["--queue", "q", "--worker-id", ""], "worker"),
+    ] {
+        let t = Instant::now();
+        let r = kairos(&[&["worker", "--endpoint", closed.as_str()][..], args].concat());
+        assert_usage_error(&r, what);
+        assert!(r.stderr.contains(what), "{}", r.stderr);
+        assert!(t.elapsed() < Duration::from_secs(5), "at once, not after the connect retries");
+    }
+}
+
+#[test]
+fn completions_for_both() {
+    for (bin, shell, needle) in
+        [(KAIROSCTL, "bash", "kairosctl"), (KAIROSCTL, "zsh", "submit"), (KAIROS, "fish", "worker")]
+    {
+        let r = run(bin, &["completions", shell], &[]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        assert!(r.stdout.contains(needle), "{bin} completions {shell}");
+    }
+    assert_eq!(ctl(&["completions", "tcsh"]).code, 2);
+}
+
+#[test]
+fn the_console_without_a_node() {
+    let closed = closed_endpoint();
+    let r = console(
+        &["--endpoint", &closed],
+        "help\nhelp submit\nnodes\nfrobnicate\nget 'unbalanced\nquit\n",
+    );
+    assert_eq!(r.code, 0, "quit exits 0 whatever the last command did: {}", r.stderr);
+    // Its own help: the commands it accepts, none it refuses.
+    assert!(r.stdout.contains("submit") && r.stdout.contains("quit"), "{}", r.stdout);
+    assert!(!r.stdout.contains("  console ") && !r.stdout.contains("  bench "), "{}", r.stdout);
+    assert!(r.stdout.contains("--after"), "help submit: {}", r.stdout);
+    assert!(r.stderr.contains("cannot reach"), "{}", r.stderr);
+    assert!(r.stderr.contains("frobnicate"), "{}", r.stderr);
+    assert!(r.stderr.contains("unbalanced quotes"), "{}", r.stderr);
+    // End of input leaves as well, exit 0.
+    assert_eq!(console(&["--endpoint", &closed], "nodes\n").code, 0);
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_node(dir: &Path) -> (Killed, String) {
+    let (http, grpc) = (free_port(), free_port());
+    let child = Command::new(KAIROS)
+        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
+        .args(["--listen-http", &format!("127.0.0.1:{http}")])
+        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kairos starts");
+    let node = Killed(child);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"")
+            && body.contains("shards=64")
+        {
+            return (node, format!("http://127.0.0.1:{grpc}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("node did not become healthy");
+}
+
+const ECHO: &str = "name: echo\nversion: 1\ninputs:\n  name: string\nexecution:\n  type: command\n  command: [\"sh\", \"-c\", \"cat\"]\n";
+
+#[test]
+fn against_a_node_retries_and_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_node, endpoint) = start_node(dir.path());
+    let file = dir.path().join("echo.yaml");
+    std::fs::write(&file, ECHO).unwrap();
+    let e = ["--endpoint", endpoint.as_str()];
+    let r = ctl(&[&e[..], &["definitions", "apply", file.to_str().unwrap()]].concat());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    // `submit --key K --after N` sent again (a retry): the same execution, not a conflict.
+    let submit = [
+        &e[..],
+        &["--json", "submit", "registry://jobs/echo", "1", "--key", "retry-1", "--after", "3600"],
+        &["--inputs", r#"{"name": "x"}"#],
+    ]
+    .concat();
+    let first = ctl(&submit);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    std::thread::sleep(Duration::from_millis(50)); // the node's clock moves on
+    let second = ctl(&submit);
+    assert_eq!(second.code, 0, "a retry is the same request: {}", second.stderr);
+    let (a, b) = (json_of(&first.stdout), json_of(&second.stdout));
+    assert_eq!(a["created"], json!(true));
+    assert_eq!(b["created"], json!(false));
+    assert_eq!(a["execution"]["executionId"], b["execution"]["executionId"]);
+    assert_eq!(a["execution"]["executeAt"], b["execution"]["executeAt"]);
+    // A misspelt flag no longer submits a job due at once.
+    let r = ctl(&[&e[..], &["submit", "registry://jobs/echo", "1", "--affter", "3600"]].concat());
+    assert_eq!(r.code, 2);
+    let r = ctl(&[&e[..], &["--json", "list"]].concat());
+    assert_eq!(json_of(&r.stdout).as_array().unwrap().len(), 1, "only the one execution");
+
+    // The console: a quoted argument with spaces, a JSON error, then quit → 0.
+    let r = console(
+        &e,
+        "submit registry://jobs/echo 1 --json --key c-1 --after 60 --inputs '{\"name\": \"a b\"}'\n\
+         get --key c-1 --json\n\
+         get no-such-id --json\n\
+         quit\n",
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    assert_eq!(json_of(lines[0])["execution"]["inputs"], json!({"name": "a b"}));
+    assert_eq!(json_of(lines[1])["inputs"], json!({"name": "a b"}));
+    let err = json_of(r.stderr.lines().last().unwrap());
+    assert_eq!(
+        (err["error"]["code"].clone(), err["error"]["exitCode"].clone()),
+        (json!("NOT_FOUND"), json!(3))
+    );
+}

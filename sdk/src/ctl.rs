@@ -437,7 +437,7 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
             );
             0
         }
-        Command::Bench { args } => rt.block_on(crate::bench::main(args)),
+        Command::Bench(b) => rt.block_on(crate::bench::main(b.command)),
         Command::Api(cmd) => rt.block_on(async {
             match Client::connect(&cli.endpoint).await {
                 Ok(c) => report(&o, run(&c.with_namespace(cli.namespace), &o, cmd).await),

@@ -53,16 +53,17 @@ fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     for (k, v) in env {
         c.env(k, v);
     }
-    let mut child = c.spawn().expect("runs");
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
+    let child = c.spawn().expect("runs");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(out) => output(out.unwrap()),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
             panic!("{bin} {args:?} still running after 30 s");
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    output(child.wait_with_output().unwrap())
 }
 
 fn ctl(args: &[&str]) -> Run {

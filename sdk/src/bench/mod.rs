@@ -8,7 +8,7 @@
 //! in [`throughput`] (s1), [`burst`] (s2, s5) and [`precision`] (s3, s4); [`stats`] prints
 //! the table and the final JSON line.
 
-mod args;
+pub mod args;
 mod burst;
 mod node;
 mod precision;
@@ -25,7 +25,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::Client;
-use args::{Args, Command, Scenario, USAGE};
+use args::{Args, Command, Scenario};
 use node::{Node, NodeProc, ProcSample, WorkDir};
 use stats::Report;
 use track::Shared;
@@ -46,26 +46,21 @@ execution:
   type: noop
 ";
 
-/// Runs `kairosctl bench` with its arguments (those after `bench`); returns the exit code.
+/// Runs `kairosctl bench` with its parsed command line; returns the exit code.
 ///
 /// The generator runs on its own multi-threaded runtime (`--threads`, default 2) in a thread
 /// of its own: `kairosctl`'s runtime is single-threaded.
-pub async fn main(args: Vec<String>) -> i32 {
-    let cmd = match args::parse(args) {
-        Ok(Command::Help) => {
-            out(&format!("{USAGE}\n"));
-            return 0;
-        }
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("kairosctl bench: {e}");
-            return 2;
-        }
-    };
+pub async fn main(cmd: Command) -> i32 {
+    let cmd = cmd.into_run();
+    if let Ok(a) = &cmd
+        && let Err(e) = a.check()
+    {
+        eprintln!("kairosctl bench: {e}");
+        return 2;
+    }
     let threads = match &cmd {
-        Command::Run(a) => a.threads,
-        Command::Worker(w) => w.threads,
-        Command::Help => 1,
+        Ok(a) => a.threads,
+        Err(w) => w.threads,
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new().name("kairos-bench".into()).spawn(move || {
@@ -84,9 +79,8 @@ pub async fn main(args: Vec<String>) -> i32 {
         };
         let code = rt.block_on(async move {
             match cmd {
-                Command::Run(a) => run(*a).await,
-                Command::Worker(w) => workers::worker_main(w).await,
-                Command::Help => 0,
+                Ok(a) => run(a).await,
+                Err(w) => workers::worker_main(w).await,
             }
         });
         rt.shutdown_timeout(Duration::from_secs(1));

@@ -54,13 +54,7 @@ pub struct Cli {
 pub enum Command {
     #[command(flatten)]
     Api(Api),
-    /// The load generator (kairosctl bench --help; docs/load-generator.md).
-    #[command(disable_help_flag = true, disable_version_flag = true)]
-    Bench {
-        /// A scenario (s1…s5) and its options: see `kairosctl bench --help`.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
-        args: Vec<String>,
-    },
+    Bench(crate::bench::args::Bench),
     /// An interactive session: one command per line, with history, editing and completion.
     Console,
     /// Prints a shell completion script, e.g. `kairosctl completions bash > /etc/bash_completion.d/kairosctl`.
@@ -484,7 +478,7 @@ mod tests {
             ],
             &["cron", "update", "x", "--pause-on-failure", "true", "--runs", "0", "--start", ""],
             &["bench", "s2", "--quick", "--endpoint", "http://x:1"],
-            &["bench", "--help"],
+            &["bench", "s2", "--quick", "--count=300", "--kairos", "k"],
             &["completions", "bash"],
         ] {
             if let Err(e) = parse(a) {

@@ -371,3 +371,49 @@ fn against_a_node_retries_and_the_console() {
         (json!("NOT_FOUND"), json!(3))
     );
 }
+
+/// The console on a terminal (a pseudo-terminal from util-linux `script`): the Up arrow recalls
+/// the last line (it used to be read as the command "\u{1b}[A"), Tab completes a command, the
+/// history is saved, and `quit` leaves with 0.
+#[test]
+fn the_console_on_a_terminal_edits_and_keeps_history() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` (util-linux) to make a pseudo-terminal");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    let closed = closed_endpoint();
+    let mut child = Command::new("script")
+        .args(["-qec", &format!("{KAIROSCTL} --endpoint {closed} console"), "/dev/null"])
+        .env("KAIROS_CONSOLE_HISTORY", &history)
+        .env("TERM", "xterm")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script starts");
+    let mut stdin = child.stdin.take().unwrap();
+    for keys in ["nodes\r", "\x1b[A\r", "qui\t\r"] {
+        std::thread::sleep(Duration::from_millis(1_500));
+        stdin.write_all(keys.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(out) => output(out.unwrap()),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("the console did not quit");
+        }
+    };
+    drop(stdin);
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert_eq!(out.code, 0, "{text}");
+    assert_eq!(text.matches("cannot reach").count(), 2, "Up + Enter ran `nodes` again: {text}");
+    assert!(!text.contains("unrecognized"), "{text}");
+    let saved = std::fs::read_to_string(&history).unwrap_or_default();
+    assert!(saved.contains("nodes"), "history saved: {saved:?}");
+}

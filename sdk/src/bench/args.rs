@@ -13,6 +13,9 @@ workers and this generator in separate processes. By default it spawns its own n
 fresh data directory and kills it at the end. Prints a table, then ONE JSON line (last line
 of stdout). See docs/load-generator.md.
 
+Every scenario takes the same options: `kairosctl bench s2 --help` lists them with their
+defaults.
+
 Exit codes: 0 ok · 1 the run failed, or a --quick assertion failed · 2 usage";
 
 /// `kairosctl bench …`.

@@ -270,7 +270,7 @@ async fn run(client: &Client, o: &Opts, cmd: Api) -> Result<String, Failure> {
                 }
             }
         }
-        Api::Cron(c) => cron::run(client, o, c).await,
+        Api::Cron(c) => cron::run(client, o, *c).await,
         Api::Nodes => {
             let nodes = client.nodes().await?;
             if o.json {

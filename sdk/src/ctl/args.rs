@@ -142,7 +142,7 @@ pub enum Api {
     Definitions(Definitions),
     /// Durable schedules (docs/cron.md).
     #[command(subcommand)]
-    Cron(Cron),
+    Cron(Box<Cron>),
     /// The cluster's live nodes.
     Nodes,
     /// Shard leases.

@@ -480,6 +480,38 @@ mod tests {
             &["bench", "s2", "--quick", "--endpoint", "http://x:1"],
             &["bench", "s2", "--quick", "--count=300", "--kairos", "k"],
             &["completions", "bash"],
+            // README's quick start and docs/cron.md.
+            &["definitions", "apply", "echo.yaml"],
+            &["wait", "01KBK0ZQ3J4T0Y6B1MS4R8DXVW"],
+            &["cron", "runs", "every-10s"],
+            &[
+                "cron",
+                "preview",
+                "30 2 * * *",
+                "--tz",
+                "America/New_York",
+                "--from",
+                "2026-03-07T00:00:00Z",
+                "--until",
+                "2026-03-10T00:00:00Z",
+                "--dst-gap",
+                "shift-by-gap",
+            ],
+            &["cron", "update", "nightly-report", "--expression", "30 2 * * *"],
+            &["cron", "resume", "nightly-report", "--catch-up"],
+            &[
+                "cron",
+                "backfill",
+                "nightly-report",
+                "--from",
+                "2026-08-01T00:00:00Z",
+                "--until",
+                "2026-08-08T00:00:00Z",
+            ],
+            &["cron", "delete", "nightly-report"],
+            &["shards", "--space", "cron"],
+            &["quarantined"],
+            &["stats", "--all"],
         ] {
             if let Err(e) = parse(a) {
                 panic!("{a:?}: {e}");

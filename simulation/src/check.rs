@@ -1,0 +1,161 @@
+//! The invariant checkers: safety (always) and liveness (once faults stop), over the history
+//! the client and workers recorded and the final state read back through the API.
+
+use std::collections::BTreeMap;
+
+use kairos_layer::ops::worker::RELEASES_UNCOUNTED_MAX;
+use kairos_proto::v1::{AttemptStatus, ExecutionStatus};
+
+use crate::plan::Plan;
+use crate::workload::{History, Mode};
+
+/// Every violated invariant, one line each (empty: all hold).
+pub fn check(plan: &Plan, h: &History) -> Vec<String> {
+    let mut v = Vec::new();
+    // Clocks may differ by the skew spread; hosts step one tick apart.
+    let tolerance = plan.skew_spread_ms() + plan.tick_ms as i64;
+    // Liveness: every acknowledged execution terminal by the deadline.
+    if h.all_terminal_at_ms.is_none() {
+        let open: Vec<&String> = h.acked.keys().filter(|id| !h.finals.contains_key(*id)).collect();
+        v.push(format!(
+            "liveness: {} acknowledged executions not terminal {} ms after faults stopped \
+             (bound {} ms): {:?}",
+            open.len(),
+            h.deadline_ms - h.quiet_at_ms,
+            plan.liveness_bound().as_millis(),
+            open.iter().take(10).collect::<Vec<_>>()
+        ));
+    }
+    // No acknowledged execution lost.
+    for (id, why) in &h.missing {
+        v.push(format!("lost: acknowledged execution {id} not found: {why}"));
+    }
+    // One execution per idempotency key: as answered, and as stored.
+    for (key, ids) in &h.ids_by_key {
+        if ids.len() > 1 {
+            v.push(format!(
+                "idempotency: key {key} answered with {} executions: {ids:?}",
+                ids.len()
+            ));
+        }
+    }
+    let mut stored: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for e in &h.listed {
+        if !e.idempotency_key.is_empty() {
+            stored.entry(&e.idempotency_key).or_default().push(&e.execution_id);
+        }
+    }
+    for (key, ids) in &stored {
+        if ids.len() > 1 {
+            v.push(format!("idempotency: key {key} has {} stored executions: {ids:?}", ids.len()));
+        }
+    }
+    for id in h.acked.keys() {
+        if !h.listed.is_empty() && !h.listed.iter().any(|e| &e.execution_id == id) {
+            v.push(format!("lost: acknowledged execution {id} missing from the list"));
+        }
+    }
+    for (id, a) in &h.acked {
+        let replays = h.replayed.get(id).copied().unwrap_or(0);
+        let max_attempts = plan.max_attempts * (1 + replays);
+        let starts = h.starts.get(id).map(Vec::as_slice).unwrap_or(&[]);
+        // Never started before execute_at.
+        for s in starts {
+            if s.at_ms < a.execute_at_ms - tolerance {
+                v.push(format!(
+                    "early: {id} attempt {} started {} ms before execute_at",
+                    s.attempt,
+                    a.execute_at_ms - s.at_ms
+                ));
+            }
+        }
+        // Attempts a node released uncounted (it never heard from a worker) may still have
+        // reached a handler late (a worker's stream held up): at most that many more runs.
+        let runs_max = max_attempts + RELEASES_UNCOUNTED_MAX * (1 + replays);
+        if starts.len() as u32 > runs_max {
+            v.push(format!("attempts: {id} ran {} times > {runs_max}", starts.len()));
+        }
+        let Some((e, attempts)) = h.finals.get(id) else { continue };
+        if e.ready_at_ms != 0 && e.ready_at_ms < a.execute_at_ms - tolerance {
+            v.push(format!(
+                "early: {id} READY {} ms before execute_at",
+                a.execute_at_ms - e.ready_at_ms
+            ));
+        }
+        for at in attempts {
+            if at.started_at_ms != 0 && at.started_at_ms < a.execute_at_ms - tolerance {
+                v.push(format!(
+                    "early: {id} attempt {} recorded started {} ms before execute_at",
+                    at.number,
+                    a.execute_at_ms - at.started_at_ms
+                ));
+            }
+        }
+        // Counted attempts: all but those released uncounted (ABANDONED).
+        let counted =
+            attempts.iter().filter(|at| at.status != AttemptStatus::Abandoned as i32).count()
+                as u32;
+        if counted > max_attempts {
+            v.push(format!(
+                "attempts: {id} has {counted} counted attempts > max {max_attempts} ({} in all)",
+                e.attempt_count
+            ));
+        }
+        let status = ExecutionStatus::try_from(e.status).unwrap_or(ExecutionStatus::Unspecified);
+        if status == ExecutionStatus::Succeeded {
+            // The committed result carries the token it ran with: it must be the newest token
+            // any worker was given for this execution (an older one is a stale commit).
+            let out: serde_json::Value = serde_json::from_str(&e.output_json).unwrap_or_default();
+            let token = out["token"].as_u64();
+            let newest = starts.iter().map(|s| s.token).max();
+            match (token, newest) {
+                (Some(t), Some(n)) if t < n => v.push(format!(
+                    "fencing: {id} committed a result of token {t} after token {n} was granted"
+                )),
+                (Some(t), Some(n)) if t > n => v.push(format!(
+                    "fencing: {id} committed token {t} that no worker ran (newest seen {n})"
+                )),
+                (None, _) | (_, None) => v.push(format!(
+                    "fencing: {id} succeeded without a handler run it can be traced to ({:?})",
+                    e.output_json
+                )),
+                _ => {}
+            }
+            let permanent = a.mode == Mode::Fail
+                || (a.mode == Mode::Flaky && a.fail_until >= max_attempts && replays == 0);
+            if permanent {
+                v.push(format!(
+                    "outcome: {id} ({:?}) succeeded though every attempt fails",
+                    a.mode
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// FNV-1a over the trace and the final state: equal for equal runs.
+pub fn trace_hash(h: &History) -> u64 {
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            x ^= u64::from(*b);
+            x = x.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for line in &h.trace {
+        eat(line.as_bytes());
+        eat(b"\n");
+    }
+    for (id, (e, attempts)) in &h.finals {
+        eat(format!(
+            "{id} {} {} {} {}\n",
+            e.status,
+            e.attempt_count,
+            e.output_json,
+            attempts.len()
+        )
+        .as_bytes());
+    }
+    x
+}

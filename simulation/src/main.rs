@@ -1,0 +1,119 @@
+//! The seed runner: `kairos-simulation --seeds 1..1000`, `--seed N --trace`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: kairos-simulation (--seed N [--trace] | --seeds A..B) [--twice]\n  \
+         --seed N     run one seed (--trace prints its event trace)\n  \
+         --seeds A..B run seeds A to B-1 and sum up what they reached\n  \
+         --twice      run each seed twice and compare trace hashes (determinism)"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut seeds: Vec<u64> = Vec::new();
+    let (mut trace, mut twice) = (false, false);
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--seed" => {
+                let Some(n) = args.get(i + 1).and_then(|s| s.parse().ok()) else { return usage() };
+                seeds.push(n);
+                i += 1;
+            }
+            "--seeds" => {
+                let Some((a, b)) = args.get(i + 1).and_then(|s| s.split_once("..")) else {
+                    return usage();
+                };
+                let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else { return usage() };
+                seeds.extend(a..b);
+                i += 1;
+            }
+            "--trace" => trace = true,
+            "--twice" => twice = true,
+            "--live" => {
+                kairos_simulation::workload::LIVE.store(true, std::sync::atomic::Ordering::Relaxed)
+            }
+            _ => return usage(),
+        }
+        i += 1;
+    }
+    if seeds.is_empty() {
+        return usage();
+    }
+    if std::env::var_os("KAIROS_SIM_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("KAIROS_SIM_LOG"))
+            .init();
+    }
+    let started = std::time::Instant::now();
+    let (mut failed, mut simulated) = (Vec::new(), std::time::Duration::ZERO);
+    let mut reached: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for &seed in &seeds {
+        let out = kairos_simulation::run(seed);
+        simulated += out.simulated;
+        if trace {
+            for line in &out.trace {
+                println!("{line}");
+            }
+            print!("{}", out.plan.describe());
+        }
+        let mut ok = out.passed();
+        if twice {
+            let again = kairos_simulation::run(seed);
+            if again.hash != out.hash {
+                ok = false;
+                eprintln!(
+                    "seed {seed}: NOT DETERMINISTIC: trace hash {:016x} then {:016x}\nreplay: cargo run --release -p kairos-simulation -- --seed {seed} --trace",
+                    out.hash, again.hash
+                );
+            }
+        }
+        for (k, n) in &out.reached {
+            let e = reached.entry(k).or_default();
+            e.0 += 1;
+            e.1 += n;
+        }
+        for f in &out.plan.enabled {
+            *faults.entry(f).or_default() += 1;
+        }
+        println!(
+            "seed {seed}: {} hash {:016x} ({:.0} s simulated)",
+            if out.passed() { "ok" } else { "FAILED" },
+            out.hash,
+            out.simulated.as_secs_f64()
+        );
+        if !out.passed() {
+            eprint!("{}", out.report());
+        }
+        if !ok {
+            failed.push(seed);
+        }
+    }
+    println!(
+        "\n{} seeds, {} failed, {:.1} s wall, {:.0} s simulated",
+        seeds.len(),
+        failed.len(),
+        started.elapsed().as_secs_f64(),
+        simulated.as_secs_f64()
+    );
+    println!("faults enabled (seeds):");
+    for (f, n) in &faults {
+        println!("  {f}: {n}");
+    }
+    println!("reached (seeds, total):");
+    for (k, (s, n)) in &reached {
+        println!("  {k}: {s} seeds, {n}");
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("failed seeds: {failed:?}");
+        ExitCode::FAILURE
+    }
+}

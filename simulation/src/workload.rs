@@ -1,0 +1,451 @@
+//! The workload: a client submitting over gRPC (one-time and delayed executions, duplicates of
+//! idempotency keys, cancels, replays), worker handlers (successes, transient and permanent
+//! failures, long attempts that heartbeat), and the history they record for the checkers.
+#![allow(clippy::disallowed_methods)] // tokio's timer is turmoil's simulated clock here
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kairos_layer::env::Rng;
+use kairos_proto::v1::{Attempt, Execution, ExecutionStatus, ListExecutionsRequest};
+use kairos_sdk::{Client, Task, TaskError};
+
+use crate::clock::true_now_ms;
+use crate::plan::{FAULT_WINDOW, Plan};
+
+/// The definition every execution runs.
+pub const JOB: &str = "registry://jobs/simjob";
+/// The longest a handler works.
+pub const WORK_MAX_MS: u64 = 12_000;
+
+/// The definition's source for a plan.
+pub fn definition(plan: &Plan) -> String {
+    format!(
+        "name: simjob\nversion: 1\ninputs:\n  n: int\n  mode: string\n  work_ms: int\n  \
+         fail_until: int\nretry: {{max_attempts: {}, base_delay: 1s, max_delay: 4s}}\n\
+         timeouts: {{lease: {}ms}}\nexecution: {{type: command, command: [\"true\"]}}\n",
+        plan.max_attempts, plan.attempt_lease_ms
+    )
+}
+
+/// How an execution's handler behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    /// Succeeds after a short while.
+    Ok,
+    /// Fails retryably up to attempt `fail_until`, then succeeds.
+    Flaky,
+    /// Fails permanently.
+    Fail,
+    /// Works longer than its lease, heartbeating.
+    Slow,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Ok => "ok",
+            Mode::Flaky => "flaky",
+            Mode::Fail => "fail",
+            Mode::Slow => "slow",
+        }
+    }
+}
+
+/// An acknowledged submission.
+#[derive(Debug, Clone)]
+pub struct Acked {
+    /// Its idempotency key.
+    pub key: String,
+    /// `execute_at` as the node answered it.
+    pub execute_at_ms: i64,
+    /// Its handler's behaviour.
+    pub mode: Mode,
+    /// Retryable failures before success (flaky).
+    pub fail_until: u32,
+}
+
+/// An attempt as a worker's handler saw it start.
+#[derive(Debug, Clone)]
+pub struct Start {
+    /// Attempt number.
+    pub attempt: u32,
+    /// Fencing token.
+    pub token: u64,
+    /// True time of the start.
+    pub at_ms: i64,
+    /// The worker.
+    pub worker: String,
+}
+
+/// What the client and the workers saw, in order, plus the final state read back.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Time-stamped events (hashed into the trace hash).
+    pub trace: Vec<String>,
+    /// Acknowledged executions by id.
+    pub acked: BTreeMap<String, Acked>,
+    /// Execution ids answered per idempotency key.
+    pub ids_by_key: BTreeMap<String, BTreeSet<String>>,
+    /// Submissions never acknowledged (outcome unknown).
+    pub unacked_keys: BTreeSet<String>,
+    /// Attempts started, by execution.
+    pub starts: BTreeMap<String, Vec<Start>>,
+    /// Acknowledged cancels.
+    pub cancelled: BTreeSet<String>,
+    /// Acknowledged replays, by execution.
+    pub replayed: BTreeMap<String, u32>,
+    /// The final state read back (terminal ones), by execution.
+    pub finals: BTreeMap<String, (Execution, Vec<Attempt>)>,
+    /// Read-back failures (e.g. not found), by execution.
+    pub missing: BTreeMap<String, String>,
+    /// Every execution the cluster lists at the end.
+    pub listed: Vec<Execution>,
+    /// When faults stopped and the last execution was due (true ms).
+    pub quiet_at_ms: i64,
+    /// The liveness deadline (true ms).
+    pub deadline_ms: i64,
+    /// When every acknowledged execution was terminal (true ms), if it happened in time.
+    pub all_terminal_at_ms: Option<i64>,
+    /// Counts of paths reached.
+    pub reached: BTreeMap<&'static str, u64>,
+}
+
+/// Print events to stderr as they happen (`--live`).
+pub static LIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The shared history.
+pub type Shared = Arc<Mutex<History>>;
+
+impl History {
+    /// Records an event at the current simulated time.
+    pub fn event(&mut self, line: impl AsRef<str>) {
+        let t = true_now_ms() - crate::clock::EPOCH_MS;
+        let line = format!("{t:>8} {}", line.as_ref());
+        if LIVE.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("{line}");
+        }
+        self.trace.push(line);
+    }
+    /// Counts a path reached.
+    pub fn reach(&mut self, what: &'static str) {
+        *self.reached.entry(what).or_default() += 1;
+    }
+}
+
+fn lock(h: &Shared) -> std::sync::MutexGuard<'_, History> {
+    h.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The worker handler of a worker: records the start, works (heartbeats go on meanwhile),
+/// then succeeds or fails as the inputs say. Success carries the fencing token it ran with.
+pub fn handler(
+    history: Shared,
+    worker: String,
+) -> impl Fn(
+    Task,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<serde_json::Value, TaskError>> + Send>,
+> + Send
++ Sync
++ 'static {
+    move |task: Task| {
+        let history = history.clone();
+        let worker = worker.clone();
+        Box::pin(async move {
+            let t = task.task.clone();
+            let inputs = task.inputs();
+            let work_ms = inputs["work_ms"].as_u64().unwrap_or(0);
+            let mode = inputs["mode"].as_str().unwrap_or("ok").to_string();
+            let fail_until = inputs["fail_until"].as_u64().unwrap_or(0) as u32;
+            {
+                let mut h = lock(&history);
+                h.event(format!(
+                    "start {} attempt {} token {} on {worker}",
+                    t.execution_id, t.attempt, t.fencing_token
+                ));
+                h.starts.entry(t.execution_id.clone()).or_default().push(Start {
+                    attempt: t.attempt,
+                    token: t.fencing_token,
+                    at_ms: true_now_ms(),
+                    worker: worker.clone(),
+                });
+            }
+            let mut cancelled = task.cancelled.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(work_ms)) => {}
+                _ = cancelled.wait_for(|c| *c) => {
+                    lock(&history).event(format!("stop {} token {}: cancelled or lease lost", t.execution_id, t.fencing_token));
+                    return Err(TaskError::cancelled());
+                }
+            }
+            let out = match mode.as_str() {
+                "fail" => Err(TaskError::permanent("permanent failure")),
+                "flaky" if t.attempt <= fail_until => {
+                    Err(TaskError::retryable("transient failure"))
+                }
+                _ => Ok(serde_json::json!({ "token": t.fencing_token, "attempt": t.attempt })),
+            };
+            lock(&history).event(format!(
+                "end {} token {}: {}",
+                t.execution_id,
+                t.fencing_token,
+                if out.is_ok() { "ok" } else { "error" }
+            ));
+            out
+        })
+    }
+}
+
+fn terminal(status: i32) -> bool {
+    matches!(
+        ExecutionStatus::try_from(status),
+        Ok(ExecutionStatus::Succeeded | ExecutionStatus::Failed | ExecutionStatus::Cancelled)
+    )
+}
+
+struct Submit {
+    key: String,
+    mode: Mode,
+    fail_until: u32,
+    inputs: serde_json::Value,
+    at: Option<i64>,
+    after: Option<Duration>,
+}
+
+/// The client: submits the workload through the nodes in turn (another node when one fails),
+/// waits for faults to stop, then for every acknowledged execution to finish, and reads the
+/// final state back.
+pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
+    let rng = Rng::seeded(plan.seed ^ 0xC11E_47);
+    let clients: Vec<Client> = plan
+        .nodes
+        .iter()
+        .map(|n| {
+            Client::from_channel(crate::net::channel(&n.name)).with_timeout(Duration::from_secs(2))
+        })
+        .collect();
+    let mut rr = 0usize;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let def = definition(&plan);
+    loop {
+        rr += 1;
+        match clients[rr % clients.len()].register_definition(&def).await {
+            Ok(_) => break,
+            Err(e) => {
+                lock(&history).event(format!("register failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    lock(&history).event("definition registered");
+    let mut sent: Vec<Submit> = Vec::new();
+    let mut acked_ids: Vec<String> = Vec::new();
+    for i in 0..plan.executions {
+        tokio::time::sleep(Duration::from_millis(rng.between(0, 500))).await;
+        let now = true_now_ms();
+        let roll = rng.below(100);
+        if roll < 8 && !acked_ids.is_empty() {
+            let id = acked_ids[rng.below(acked_ids.len() as u64) as usize].clone();
+            let r = clients[rr % clients.len()].cancel(&id).await;
+            rr += 1;
+            let mut h = lock(&history);
+            h.event(format!("cancel {id}: {}", if r.is_ok() { "ok" } else { "error" }));
+            if r.is_ok() {
+                h.cancelled.insert(id);
+            }
+            continue;
+        }
+        if roll < 13 && !acked_ids.is_empty() {
+            let id = acked_ids[rng.below(acked_ids.len() as u64) as usize].clone();
+            let r = clients[rr % clients.len()].replay(&id).await;
+            rr += 1;
+            let mut h = lock(&history);
+            h.event(format!(
+                "replay {id}: {}",
+                r.as_ref().map_or_else(|e| e.code().to_string(), |_| "ok".into())
+            ));
+            if r.is_ok() {
+                h.reach("replay accepted");
+                *h.replayed.entry(id).or_default() += 1;
+            }
+            continue;
+        }
+        let s = if roll < 23 && !sent.is_empty() {
+            // The same request again under the same key.
+            let s = &sent[rng.below(sent.len() as u64) as usize];
+            Submit {
+                key: s.key.clone(),
+                mode: s.mode,
+                fail_until: s.fail_until,
+                inputs: s.inputs.clone(),
+                at: s.at,
+                after: s.after,
+            }
+        } else {
+            let mode = match rng.below(10) {
+                0..=5 => Mode::Ok,
+                6 | 7 => Mode::Flaky,
+                8 => Mode::Fail,
+                _ => Mode::Slow,
+            };
+            let work_ms = match mode {
+                Mode::Slow => {
+                    rng.between(plan.attempt_lease_ms, (3 * plan.attempt_lease_ms).min(WORK_MAX_MS))
+                }
+                _ => rng.between(0, 300),
+            };
+            let fail_until = rng.between(1, u64::from(plan.max_attempts)) as u32;
+            let delay = rng.between(0, 20_000);
+            let (at, after) = if rng.chance(0.5) {
+                (Some(now + delay as i64 - 500), None)
+            } else {
+                (None, Some(Duration::from_millis(delay)))
+            };
+            Submit {
+                key: format!("key-{i}"),
+                mode,
+                fail_until,
+                inputs: serde_json::json!({"n": i, "mode": mode.name(), "work_ms": work_ms, "fail_until": fail_until}),
+                at,
+                after,
+            }
+        };
+        let mut result = None;
+        for _ in 0..2 * clients.len() {
+            rr += 1;
+            let mut b = clients[rr % clients.len()]
+                .submit(JOB, 1)
+                .idempotency_key(s.key.clone())
+                .inputs(s.inputs.clone());
+            if let Some(at) = s.at {
+                b = b.at(at);
+            }
+            if let Some(d) = s.after {
+                b = b.after(d);
+            }
+            match b.send().await {
+                Ok(r) => {
+                    result = Some(r);
+                    break;
+                }
+                Err(e) if e.is_transient() => {
+                    lock(&history).event(format!(
+                        "submit {} on node{}: {}",
+                        s.key,
+                        rr % clients.len(),
+                        e.code()
+                    ));
+                }
+                Err(e) => {
+                    lock(&history).event(format!("submit {} refused: {e}", s.key));
+                    break;
+                }
+            }
+        }
+        let mut h = lock(&history);
+        match result {
+            Some(r) => {
+                h.event(format!(
+                    "submitted {} -> {} at {} created {}",
+                    s.key, r.execution_id, r.execute_at_ms, r.created
+                ));
+                h.ids_by_key.entry(s.key.clone()).or_default().insert(r.execution_id.clone());
+                if !h.acked.contains_key(&r.execution_id) {
+                    acked_ids.push(r.execution_id.clone());
+                }
+                h.acked.insert(
+                    r.execution_id.clone(),
+                    Acked {
+                        key: s.key.clone(),
+                        execute_at_ms: r.execute_at_ms,
+                        mode: s.mode,
+                        fail_until: s.fail_until,
+                    },
+                );
+            }
+            None => {
+                h.unacked_keys.insert(s.key.clone());
+            }
+        }
+        drop(h);
+        sent.push(s);
+    }
+    // Faults stop at the end of the fault window; the last execution is due by then or later.
+    let window_end = crate::clock::EPOCH_MS + FAULT_WINDOW.as_millis() as i64;
+    let last_due = lock(&history).acked.values().map(|a| a.execute_at_ms).max().unwrap_or(0);
+    let quiet_at = window_end.max(last_due);
+    let deadline = quiet_at + plan.liveness_bound().as_millis() as i64;
+    {
+        let mut h = lock(&history);
+        h.quiet_at_ms = quiet_at;
+        h.deadline_ms = deadline;
+        h.event(format!(
+            "{} acknowledged; quiet at {quiet_at}, deadline {deadline}",
+            acked_ids.len()
+        ));
+    }
+    let mut pending: BTreeSet<String> = acked_ids.iter().cloned().collect();
+    while !pending.is_empty() && true_now_ms() <= deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if true_now_ms() < window_end {
+            continue;
+        }
+        for id in pending.clone() {
+            rr += 1;
+            match clients[rr % clients.len()].get(&id).await {
+                Ok((e, attempts)) if terminal(e.status) => {
+                    pending.remove(&id);
+                    let mut h = lock(&history);
+                    h.event(format!(
+                        "final {id}: {:?} after {} attempts",
+                        ExecutionStatus::try_from(e.status),
+                        e.attempt_count
+                    ));
+                    h.missing.remove(&id);
+                    h.finals.insert(id, (e, attempts));
+                }
+                Ok(_) => {}
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    lock(&history).missing.insert(id, e.to_string());
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    {
+        let mut h = lock(&history);
+        if pending.is_empty() {
+            h.all_terminal_at_ms = Some(true_now_ms());
+        }
+        h.event(format!("liveness: {} not terminal", pending.len()));
+    }
+    // Every execution the cluster has (to check idempotency keys across the whole store).
+    let mut cursor = Vec::new();
+    let mut listed = Vec::new();
+    let mut tries = 0;
+    loop {
+        rr += 1;
+        let req =
+            ListExecutionsRequest { limit: 500, cursor: cursor.clone(), ..Default::default() };
+        match clients[rr % clients.len()].list(req).await {
+            Ok(page) => {
+                listed.extend(page.executions);
+                if page.next_cursor.is_empty() {
+                    break;
+                }
+                cursor = page.next_cursor;
+            }
+            Err(e) => {
+                tries += 1;
+                if tries > 20 {
+                    return Err(format!("listing executions failed: {e}").into());
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    lock(&history).listed = listed;
+    Ok(())
+}

@@ -249,8 +249,19 @@ impl CronOwnerState {
                 let _ = me.send_message(CronMsg::Done(job, r));
             });
         }
-        let next_due = self.due.iter().find(|(_, j)| !self.running.contains(j)).map(|(t, _)| *t);
-        let at = next_due.map_or(self.next_scan, |t| t.min(self.next_scan));
+        // Wake for what this actor can start then: not for a due round while the rounds in
+        // flight are at their limit, nor for the next scan while one runs (their answers
+        // evaluate again). Waking for them would be a wake at `now`, again and again: a busy
+        // loop until the answer comes, which under simulated time never does.
+        let next_due = (self.running.len() < ROUNDS_IN_FLIGHT_MAX)
+            .then(|| self.due.iter().find(|(_, j)| !self.running.contains(j)).map(|(t, _)| *t))
+            .flatten();
+        let next_scan = (!self.scanning).then_some(self.next_scan);
+        let at = match (next_due, next_scan) {
+            (Some(d), Some(s)) => d.min(s),
+            (Some(t), None) | (None, Some(t)) => t,
+            (None, None) => return,
+        };
         self.schedule_wake(myself, at.max(now));
     }
 }

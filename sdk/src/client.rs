@@ -84,7 +84,12 @@ impl Client {
         let ep = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| Error::Invalid(format!("endpoint {endpoint:?}: {e}")))?
             .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A half-open connection (its peer gone without a reset, packets dropped) would
+            // time every call out forever: pings find it dead and the channel reconnects.
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
         let mut tries = 0;
         loop {
             match ep.connect().await {

@@ -152,6 +152,8 @@ pub const DISPATCH_BUFFER_MAX: usize = 512;
 /// How often the buffers are checked for items waiting too long (and queues with waiting
 /// credits look at their ready queues again).
 const BUFFER_AGE_CHECK: Duration = Duration::from_secs(1);
+/// How long a failed ready-signal watch waits before it is set again.
+const WATCH_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// The dispatcher actor.
 pub struct Dispatcher;
@@ -403,6 +405,7 @@ impl DispatcherState {
         let sched = self.ctx.sched.clone();
         let me = myself.clone();
         let cap = self.ctx.clock.sleep(Duration::from_millis(self.ctx.config.poll_wait_max_ms));
+        let clock = self.ctx.clock.clone();
         let q = q.clone();
         tokio::spawn(async move {
             let watch = async {
@@ -420,13 +423,19 @@ impl DispatcherState {
                 drop(tx);
                 futures_util::future::select_all(watches).await.0
             };
-            tokio::select! {
+            let failed = tokio::select! {
                 r = watch => {
                     if r.is_ok() {
                         let _ = me.send_message(DispatcherMsg::Ready { ns: q.0.clone(), queue: q.1.clone() });
                     }
+                    r.is_err()
                 }
-                _ = cap => {}
+                _ = cap => false,
+            };
+            if failed {
+                // A store failing at once (unavailable, failing over) would otherwise have the
+                // watch set again at once, and fail again: a busy loop against the store.
+                clock.sleep(WATCH_RETRY_PAUSE).await;
             }
             let _ = me.send_message(DispatcherMsg::WatchEnded(q));
         });

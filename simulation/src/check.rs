@@ -13,7 +13,10 @@ use crate::workload::{History, Mode};
 pub fn check(plan: &Plan, h: &History) -> Vec<String> {
     let mut v = Vec::new();
     // Clocks may differ by the skew spread; hosts step one tick apart.
-    let tolerance = plan.skew_spread_ms() + plan.tick_ms as i64;
+    // A node whose clock runs ahead fires by its clock: early in true time by its skew; node
+    // records (started_at) are by the claiming node's clock, up to the spread apart.
+    let ahead = plan.nodes.iter().map(|n| n.skew_ms).max().unwrap_or(0).max(0);
+    let tolerance = ahead.max(plan.skew_spread_ms()) + plan.tick_ms as i64;
     // Liveness: every acknowledged execution terminal by the deadline.
     if h.all_terminal_at_ms.is_none() {
         let open: Vec<&String> = h.acked.keys().filter(|id| !h.finals.contains_key(*id)).collect();
@@ -121,8 +124,14 @@ pub fn check(plan: &Plan, h: &History) -> Vec<String> {
                 )),
                 _ => {}
             }
+            // A flaky one fails every counted attempt, but attempts released uncounted raise
+            // the attempt number its handler sees.
+            let released = attempts.iter().any(|at| at.status == AttemptStatus::Abandoned as i32);
             let permanent = a.mode == Mode::Fail
-                || (a.mode == Mode::Flaky && a.fail_until >= max_attempts && replays == 0);
+                || (a.mode == Mode::Flaky
+                    && a.fail_until >= max_attempts
+                    && replays == 0
+                    && !released);
             if permanent {
                 v.push(format!(
                     "outcome: {id} ({:?}) succeeded though every attempt fails",

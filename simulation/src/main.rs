@@ -50,11 +50,32 @@ fn main() -> ExitCode {
             .with_env_filter(tracing_subscriber::EnvFilter::from_env("KAIROS_SIM_LOG"))
             .init();
     }
+    // A step that never ends is a livelock: some task spins without letting simulated time
+    // advance (a bug: in production it burns a core). Nothing else can stop it.
+    std::thread::spawn(|| {
+        let mut last = u64::MAX;
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            let now = kairos_simulation::run::PROGRESS.load(std::sync::atomic::Ordering::Relaxed);
+            if now == last {
+                let seed = now >> 24;
+                eprintln!(
+                    "seed {seed}: LIVELOCK: simulated time stopped at {} s for a minute of wall time\nreplay: cargo run --release -p kairos-simulation -- --seed {seed} --live",
+                    now & 0xFF_FFFF
+                );
+                std::process::exit(3);
+            }
+            last = now;
+        }
+    });
     let started = std::time::Instant::now();
     let (mut failed, mut simulated) = (Vec::new(), std::time::Duration::ZERO);
     let mut reached: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     for &seed in &seeds {
+        if kairos_simulation::workload::LIVE.load(std::sync::atomic::Ordering::Relaxed) {
+            eprint!("{}", kairos_simulation::plan::Plan::from_seed(seed).describe());
+        }
         let out = kairos_simulation::run(seed);
         simulated += out.simulated;
         if trace {

@@ -18,6 +18,11 @@ use crate::plan::{Action, CLIENT, Plan, worker_host};
 use crate::store::{GatedStore, NodeGate, StoreGate};
 use crate::workload::{self, History, Shared};
 
+/// The seed running and its simulated seconds (`seed << 24 | seconds`), for a watchdog: a
+/// step that never ends (a task spinning without letting simulated time advance) shows as no
+/// progress.
+pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
+
 /// What a run found.
 #[derive(Debug)]
 pub struct Outcome {
@@ -164,6 +169,7 @@ pub fn run_plan(plan: Plan) -> Outcome {
     let mut violations = Vec::new();
     loop {
         let now = sim.elapsed().as_millis() as u64;
+        PROGRESS.store(plan.seed << 24 | now / 1_000, Ordering::Relaxed);
         while let Some((t, a)) = schedule.peek() {
             if *t > now {
                 break;

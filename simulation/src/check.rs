@@ -53,6 +53,24 @@ pub fn check(plan: &Plan, h: &History) -> Vec<String> {
             v.push(format!("idempotency: key {key} has {} stored executions: {ids:?}", ids.len()));
         }
     }
+    // Each cron occurrence materialized at most once.
+    let mut occurrences: BTreeMap<(&str, i64), Vec<&str>> = BTreeMap::new();
+    for e in &h.listed {
+        if !e.cron_job_id.is_empty() {
+            occurrences
+                .entry((&e.cron_job_id, e.cron_occurrence_ms))
+                .or_default()
+                .push(&e.execution_id);
+        }
+    }
+    for ((job, at), ids) in &occurrences {
+        if ids.len() > 1 {
+            v.push(format!(
+                "cron: {job} occurrence {at} materialized {} times: {ids:?}",
+                ids.len()
+            ));
+        }
+    }
     for id in h.acked.keys() {
         if !h.listed.is_empty() && !h.listed.iter().any(|e| &e.execution_id == id) {
             v.push(format!("lost: acknowledged execution {id} missing from the list"));

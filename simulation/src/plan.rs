@@ -85,6 +85,8 @@ pub struct Plan {
     pub enabled: Vec<&'static str>,
     /// Simulated-time step of turmoil.
     pub tick_ms: u64,
+    /// Cron jobs the client creates (an occurrence every 2 s until faults stop).
+    pub cron_jobs: usize,
 }
 
 /// The client host's name.
@@ -224,8 +226,23 @@ impl Plan {
         }
         // In time order; at one instant, in a fixed order of actions.
         schedule.sort();
-        let storage_faults =
-            if storage { FaultConfig::from_seed(rng.next_u64()) } else { FaultConfig::none() };
+        // Each site on or off, then firing with a probability. `too_old` fires per read: a
+        // transaction of a few hundred reads (a page of a list) would almost never get
+        // through at the 5 % the memory backend's own draw allows, so it stays under 1 %.
+        let storage_faults = if storage {
+            let site = |max: f64| rng.chance(0.5).then(|| 0.001 + rng.unit() * (max - 0.001));
+            FaultConfig {
+                spurious_conflict: site(0.05),
+                unknown_result_applied: site(0.05),
+                unknown_result_not_applied: site(0.05),
+                too_old: site(0.01),
+                latency: site(0.05),
+                latency_max: Duration::from_micros(rng.between(100, 5_000)),
+                read_round_trip: Duration::ZERO,
+            }
+        } else {
+            FaultConfig::none()
+        };
         Plan {
             seed,
             nodes,
@@ -241,6 +258,7 @@ impl Plan {
             schedule,
             enabled,
             tick_ms: 5,
+            cron_jobs: rng.between(0, 2) as usize,
         }
     }
 
@@ -305,14 +323,15 @@ impl Plan {
         let _ = writeln!(
             s,
             "workers: {} groups x {} nodes, concurrency {}; executions {}; attempt lease {} ms, \
-             max_attempts {}; network delay up to {} ms",
+             max_attempts {}; network delay up to {} ms; cron jobs {}",
             self.worker_groups,
             self.nodes.len(),
             self.worker_concurrency,
             self.executions,
             self.attempt_lease_ms,
             self.max_attempts,
-            self.max_message_latency_ms
+            self.max_message_latency_ms,
+            self.cron_jobs
         );
         let _ = writeln!(s, "faults enabled: {:?}; storage: {:?}", self.enabled, self.storage);
         for (t, a) in &self.schedule {

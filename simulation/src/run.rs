@@ -236,6 +236,8 @@ pub fn run_plan(plan: Plan) -> Outcome {
         }
     }
     *h.reached.entry("handler ran an attempt its node released uncounted").or_default() += late;
+    let cron = h.listed.iter().filter(|e| !e.cron_job_id.is_empty()).count() as u64;
+    *h.reached.entry("cron occurrence materialized").or_default() += cron;
     h.reached.retain(|_, n| *n > 0);
     Outcome {
         hash: crate::check::trace_hash(&h),

@@ -66,7 +66,7 @@ pub fn run(seed: u64) -> Outcome {
 /// Runs a plan.
 pub fn run_plan(plan: Plan) -> Outcome {
     let history: Shared = Arc::new(Mutex::new(History::default()));
-    let rng = Rng::seeded(plan.seed ^ 0x5707_E);
+    let rng = Rng::seeded(plan.seed ^ 0x0005_707E);
     let store_clock: SharedClock = Arc::new(SimClock::new(0));
     let memory = Arc::new(MemoryDatabase::with_faults(store_clock, rng.fork(), plan.storage));
     let store_gate = Arc::new(StoreGate::new(rng.fork()));
@@ -169,7 +169,7 @@ pub fn run_plan(plan: Plan) -> Outcome {
     let mut violations = Vec::new();
     loop {
         let now = sim.elapsed().as_millis() as u64;
-        PROGRESS.store(plan.seed << 24 | now / 1_000, Ordering::Relaxed);
+        PROGRESS.store((plan.seed << 24) | (now / 1_000), Ordering::Relaxed);
         while let Some((t, a)) = schedule.peek() {
             if *t > now {
                 break;

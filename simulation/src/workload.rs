@@ -222,7 +222,7 @@ struct Submit {
 /// waits for faults to stop, then for every acknowledged execution to finish, and reads the
 /// final state back.
 pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
-    let rng = Rng::seeded(plan.seed ^ 0xC11E_47);
+    let rng = Rng::seeded(plan.seed ^ 0x00C1_1E47);
     let clients: Vec<Client> = plan
         .nodes
         .iter()
@@ -471,11 +471,9 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         }
     }
     {
-        let mut h = lock(&history);
         if pending.is_empty() {
-            h.all_terminal_at_ms = Some(true_now_ms());
+            lock(&history).all_terminal_at_ms = Some(true_now_ms());
         }
-        drop(h);
         // What the stragglers are doing, for the failure report.
         for id in pending.iter().take(20) {
             rr += 1;
@@ -494,8 +492,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
                 Err(e) => h.event(format!("not terminal {id}: {e}")),
             }
         }
-        let mut h = lock(&history);
-        h.event(format!("liveness: {} not terminal", pending.len()));
+        lock(&history).event(format!("liveness: {} not terminal", pending.len()));
     }
     // Every execution the cluster has (to check idempotency keys across the whole store).
     let mut cursor = Vec::new();

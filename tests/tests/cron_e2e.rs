@@ -5,8 +5,7 @@
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,24 +39,7 @@ fn log(name: &str) -> Stdio {
 }
 
 fn request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    let body = match (body.find('{'), body.rfind('}')) {
-        (Some(a), Some(b)) if b > a => body[a..=b].to_string(),
-        _ => body,
-    };
-    Ok((status, body))
+    kairos_tests::http_request(port, method, path, &[("Content-Type", "application/json")], body)
 }
 
 fn start_node(dir: &Path, http: u16, grpc: u16, n: usize) -> Killed {

@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::Node;
+use crate::auth::AuthMode;
 use crate::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -102,6 +103,10 @@ struct NodeArgs {
     /// Start a new, empty store although the data directory held one (what it held is lost).
     #[arg(long)]
     new_store: bool,
+    /// API keys on every call (`keys`) or none (`off`) [env: KAIROS_AUTH] [default: keys for
+    /// serve, off for dev].
+    #[arg(long, value_parser = ["keys", "off"])]
+    auth: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -140,6 +145,9 @@ struct WorkerArgs {
     /// Executions run at once (at least 1).
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     concurrency: u32,
+    /// The API key (`kai_…`; scope `worker`) sent with every call.
+    #[arg(long, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
+    api_key: Option<String>,
     /// This worker's id [default: worker-PID].
     #[arg(long, value_name = "ID", value_parser = |w: &str| name("worker id", w))]
     worker_id: Option<String>,
@@ -181,8 +189,14 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run_command(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Dev(a) | Command::Serve(a) => {
-            let config = node_config(&a)?;
+        Command::Dev(a) => {
+            let mut config = node_config(&a)?;
+            config.auth.get_or_insert(AuthMode::Off);
+            runtime()?.block_on(run(config))
+        }
+        Command::Serve(a) => {
+            let mut config = node_config(&a)?;
+            config.auth.get_or_insert(AuthMode::Keys);
             runtime()?.block_on(run(config))
         }
         Command::Check(a) => {
@@ -207,13 +221,16 @@ fn run_command(command: Command) -> anyhow::Result<()> {
 
 /// `kairos worker`: runs the generic executors (`command` and `http` definitions) for one queue.
 async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
-    let WorkerArgs { queue, endpoint, namespace, concurrency, worker_id } = a;
+    let WorkerArgs { queue, endpoint, namespace, concurrency, worker_id, api_key } = a;
     let worker_id = worker_id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
     // Wait for the node (it may still be starting), up to 30 s.
     let mut tries = 0;
     let client = loop {
         match kairos_sdk::Client::connect(&endpoint).await {
-            Ok(c) => break c.with_namespace(namespace),
+            Ok(c) => match api_key.as_deref().filter(|k| !k.is_empty()) {
+                Some(k) => break c.with_api_key(k)?.with_namespace(namespace),
+                None => break c.with_namespace(namespace),
+            },
             Err(e) if tries < 60 => {
                 if tries == 0 {
                     eprintln!("kairos worker: {e}; retrying for up to 30 s");
@@ -275,6 +292,7 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
         ("log", a.log.clone()),
         ("store_cache_mib", a.store_cache_mib.map(|v| v.to_string())),
         ("new_store", a.new_store.then(|| "true".to_string())),
+        ("auth", a.auth.clone()),
     ];
     for (setting, value) in flags {
         if let Some(v) = value {
@@ -405,6 +423,7 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         node.node_id(),
         display_dir(&data_dir)
     );
+    announce_auth(&node, &data_dir, bound, bound_grpc).await?;
     let mut health = node.watch_store_health();
     let failed = async move {
         let failed = health.wait_for(|h| matches!(h, StoreHealth::Failed { .. })).await;
@@ -443,6 +462,58 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     drain.await;
     println!("kairos: stopped");
     Ok(())
+}
+
+/// The file where a node that requires keys and finds none leaves the first admin key.
+const BOOTSTRAP_KEY_FILE: &str = "admin-key";
+
+/// Says how callers get in: loudly when anyone may, and with a first admin key (written to a
+/// file only its owner may read) when keys are required and none exists yet.
+async fn announce_auth(
+    node: &Node,
+    data_dir: &Path,
+    http: std::net::SocketAddr,
+    grpc: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    if node.auth().mode() == AuthMode::Off {
+        eprintln!(
+            "kairos: WARNING: authentication is OFF — anyone who can reach http://{http} or {grpc} \
+             may use every namespace (kairos dev's default; `kairos serve` requires API keys)"
+        );
+        return Ok(());
+    }
+    let sched = node.scheduler();
+    if sched.has_live_api_keys().await.context("reading the API keys")? {
+        println!("kairos: API keys required on every call (authorization: Bearer kai_…)");
+        return Ok(());
+    }
+    let created = sched
+        .create_api_key("*", &["admin".to_string()], "bootstrap", "kairos serve (no keys yet)")
+        .await
+        .context("creating the first admin key")?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let path = data_dir.join(BOOTSTRAP_KEY_FILE);
+    write_private(&path, &format!("{}\n", created.token))
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "kairos: API keys required; there were none, so an admin key for every namespace was \
+         created: its token is in {} (readable by this user only). Create narrower keys with \
+         `KAIROS_API_KEY=$(cat {}) kairosctl keys create …`, then delete the file.",
+        display_dir(&path),
+        display_dir(&path)
+    );
+    Ok(())
+}
+
+/// Writes a file only its owner may read.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
 }
 
 fn display_dir(p: &Path) -> String {

@@ -135,6 +135,10 @@ pub struct NodeConfig {
     /// `store-created` marker) and it is now missing or empty. Off by default: a vanished
     /// store is refused rather than silently replaced by an empty cluster.
     pub new_store: bool,
+    /// `keys`: every API call needs an API key; `off`: none (anyone who reaches the ports may
+    /// do everything). Absent: `kairos serve` requires keys, `kairos dev` and nodes embedded
+    /// in a program do not.
+    pub auth: Option<crate::auth::AuthMode>,
 }
 
 impl Default for NodeConfig {
@@ -171,6 +175,7 @@ impl Default for NodeConfig {
             otlp_endpoint: None,
             store_cache_mib: 128,
             new_store: false,
+            auth: None,
         }
     }
 }
@@ -195,7 +200,8 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 14] = [
+pub const ENV_VARS: [(&str, &str); 15] = [
+    ("KAIROS_AUTH", "auth"),
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -275,6 +281,13 @@ impl NodeConfig {
                 }
             }
             "store_cache_mib" => self.store_cache_mib = num(value)?,
+            "auth" => {
+                self.auth = Some(match value {
+                    "keys" => crate::auth::AuthMode::Keys,
+                    "off" => crate::auth::AuthMode::Off,
+                    other => return Err(bad(setting, format!("{other:?} is not keys or off"))),
+                })
+            }
             "new_store" => {
                 self.new_store = match value {
                     "true" | "1" | "yes" => true,

@@ -42,6 +42,8 @@ pub struct Ctx {
     pub cron: crate::cron_owner::CronCtx,
     /// Per-namespace quotas and their state on this node.
     pub quotas: Arc<crate::quota::Quotas>,
+    /// API keys: who is calling and what they may do.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 impl Ctx {

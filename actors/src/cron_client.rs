@@ -70,25 +70,32 @@ impl ViaSlot {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// The call as made by the cron service itself (a principal on the request's extensions, which
+/// only code in this process can set: no API key needed, audited as `cron`).
+fn as_cron<T>(mut r: Request<T>) -> Request<T> {
+    r.extensions_mut().insert(crate::auth::Principal::unrestricted("cron"));
+    r
+}
+
 #[tonic::async_trait]
 impl ExecutionService for ViaSlot {
     async fn submit(&self, r: Request<SubmitRequest>) -> Reply<SubmitResponse> {
-        ExecutionService::submit(&self.api()?, r).await
+        ExecutionService::submit(&self.api()?, as_cron(r)).await
     }
     async fn submit_batch(&self, r: Request<SubmitBatchRequest>) -> Reply<SubmitBatchResponse> {
-        ExecutionService::submit_batch(&self.api()?, r).await
+        ExecutionService::submit_batch(&self.api()?, as_cron(r)).await
     }
     async fn get(&self, r: Request<GetExecutionRequest>) -> Reply<GetExecutionResponse> {
-        ExecutionService::get(&self.api()?, r).await
+        ExecutionService::get(&self.api()?, as_cron(r)).await
     }
     async fn cancel(&self, r: Request<ExecutionRef>) -> Reply<CancelResponse> {
-        ExecutionService::cancel(&self.api()?, r).await
+        ExecutionService::cancel(&self.api()?, as_cron(r)).await
     }
     async fn list(&self, r: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
-        ExecutionService::list(&self.api()?, r).await
+        ExecutionService::list(&self.api()?, as_cron(r)).await
     }
     async fn replay(&self, r: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
-        ExecutionService::replay(&self.api()?, r).await
+        ExecutionService::replay(&self.api()?, as_cron(r)).await
     }
 }
 

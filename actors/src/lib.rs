@@ -13,6 +13,7 @@
 //! back), use no named-actor registry, and take every wait from the injected clock.
 
 pub mod api;
+pub mod auth;
 pub mod batcher;
 pub mod check;
 pub mod cli;

@@ -99,6 +99,10 @@ impl Node {
             batcher: Batcher::start(sched.clone()),
             matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
             quotas: Arc::new(crate::quota::Quotas::new(config.quotas.clone())),
+            auth: Arc::new(crate::auth::Auth::new(
+                config.auth.unwrap_or(crate::auth::AuthMode::Off),
+                sched.clone(),
+            )),
             sched,
             clock,
             metrics,
@@ -127,6 +131,16 @@ impl Node {
     /// The scheduler operations (reads, definitions, leases).
     pub fn scheduler(&self) -> &Scheduler {
         &self.ctx().sched
+    }
+
+    /// The node's configuration.
+    pub fn config(&self) -> &crate::config::NodeConfig {
+        &self.ctx().config
+    }
+
+    /// API keys: who is calling and what they may do.
+    pub fn auth(&self) -> &crate::auth::Auth {
+        &self.ctx().auth
     }
 
     /// This node's id.
@@ -427,13 +441,13 @@ impl Node {
     }
 
     /// Cancels an execution: a pending one at once, a running one through its worker.
-    pub async fn cancel(&self, ns: &str, id: &str) -> ops::Result<Cancelled> {
-        self.ctx().sched.cancel(ns, id).await
+    pub async fn cancel(&self, ns: &str, id: &str, who: &str) -> ops::Result<Cancelled> {
+        self.ctx().sched.cancel_by(ns, id, who).await
     }
 
     /// Replays a failed execution.
-    pub async fn replay(&self, ns: &str, id: &str) -> ops::Result<Execution> {
-        let e = self.ctx().sched.replay(ns, id).await?;
+    pub async fn replay(&self, ns: &str, id: &str, who: &str) -> ops::Result<Execution> {
+        let e = self.ctx().sched.replay_by(ns, id, who).await?;
         self.ctx().routes.ready_hint(&e.namespace, &e.queue);
         Ok(e)
     }

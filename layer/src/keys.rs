@@ -94,11 +94,15 @@ pub enum Tag {
     Quarantine = 25,
     /// Per-cron-shard watermarks of the cron timer index.
     CronWatermark = 26,
+    /// API keys (hashed secrets), by key id.
+    ApiKey = 27,
+    /// The audit log, by namespace and time.
+    Audit = 28,
 }
 
 impl Tag {
     /// Every tag in use, in value order.
-    pub const ALL: [Tag; 21] = [
+    pub const ALL: [Tag; 23] = [
         Tag::Cluster,
         Tag::Execution,
         Tag::Attempt,
@@ -120,6 +124,8 @@ impl Tag {
         Tag::StatusCount,
         Tag::Quarantine,
         Tag::CronWatermark,
+        Tag::ApiKey,
+        Tag::Audit,
     ];
     /// Retired tag values: never to be used again.
     pub const RETIRED: [i64; 5] = [6, 7, 16, 17, 18];
@@ -468,6 +474,48 @@ impl Keyspace {
         self.unpack(Tag::Idempotency, key)
     }
 
+    /// An API key record.
+    pub fn api_key(&self, id: &str) -> Vec<u8> {
+        self.key(Tag::ApiKey, id)
+    }
+
+    /// The id of an API key record's key.
+    pub fn parse_api_key(&self, key: &[u8]) -> Result<String, KeyError> {
+        self.unpack(Tag::ApiKey, key)
+    }
+
+    /// Every API key record.
+    pub fn api_keys(&self) -> RangeOption {
+        self.subspace_range(Tag::ApiKey)
+    }
+
+    /// An audit record: `(ns, at_ms, id)`.
+    pub fn audit(&self, ns: &str, at_ms: i64, id: &str) -> Vec<u8> {
+        self.key(Tag::Audit, (ns, at_ms, id))
+    }
+
+    /// A namespace's audit records from `from_ms` (inclusive) on, oldest first.
+    pub fn audit_from(&self, ns: &str, from_ms: i64) -> RangeOption {
+        let all = self.prefix(Tag::Audit, ns);
+        RangeOption::new(self.key(Tag::Audit, (ns, from_ms)), all.end)
+    }
+
+    /// A namespace's audit records before `before_ms`.
+    pub fn audit_before(&self, ns: &str, before_ms: i64) -> RangeOption {
+        let all = self.prefix(Tag::Audit, ns);
+        RangeOption::new(all.begin, self.key(Tag::Audit, (ns, before_ms)))
+    }
+
+    /// Every audit record of a namespace.
+    pub fn audit_all(&self, ns: &str) -> RangeOption {
+        self.prefix(Tag::Audit, ns)
+    }
+
+    /// `(ns, at_ms, id)` of an audit record's key.
+    pub fn parse_audit(&self, key: &[u8]) -> Result<(String, i64, String), KeyError> {
+        self.unpack(Tag::Audit, key)
+    }
+
     /// A shard's watermark.
     pub fn watermark(&self, shard: u32) -> Vec<u8> {
         self.key(Tag::Watermark, shard)
@@ -608,6 +656,8 @@ impl Keyspace {
             Tag::ClaimReceipt => self.unpack::<(i64, u64)>(tag, key).map(drop),
             Tag::StatusCount => self.parse_status_count(key).map(drop),
             Tag::Quarantine => self.unpack::<(i64, u32, i64, Vec<u8>)>(tag, key).map(drop),
+            Tag::ApiKey => self.parse_api_key(key).map(drop),
+            Tag::Audit => self.parse_audit(key).map(drop),
         }
     }
 
@@ -645,6 +695,8 @@ fn tag_name(tag: Tag) -> &'static str {
         Tag::StatusCount => "status count",
         Tag::Quarantine => "quarantine",
         Tag::CronWatermark => "cron watermark",
+        Tag::ApiKey => "api key",
+        Tag::Audit => "audit",
     }
 }
 
@@ -693,6 +745,8 @@ mod tests {
             (Tag::StatusCount, ks.status_count("ns", 2, 1)),
             (Tag::Quarantine, ks.quarantine(Space::Executions, 1, 5, b"k")),
             (Tag::CronWatermark, ks.cron_watermark(2)),
+            (Tag::ApiKey, ks.api_key("k1")),
+            (Tag::Audit, ks.audit("ns", 5, "a")),
         ];
         assert_eq!(keys.len(), Tag::ALL.len());
         for (tag, key) in &keys {
@@ -754,6 +808,8 @@ mod tests {
                 }),
             ),
             (Tag::CronWatermark, ks.cron_watermark(3)),
+            (Tag::ApiKey, ks.api_key("k1")),
+            (Tag::Audit, ks.audit("ns", 5, "a")),
         ];
         for (tag, key) in samples {
             let r = ks.subspace_range(tag);

@@ -8,8 +8,10 @@ use kairos_proto::v1::definition_service_client::DefinitionServiceClient;
 use kairos_proto::v1::execution_service_client::ExecutionServiceClient;
 use kairos_proto::v1::worker_service_client::WorkerServiceClient;
 use kairos_proto::v1::*;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+mod access;
 mod cron;
 
 /// A client error.
@@ -65,10 +67,28 @@ impl Error {
     }
 }
 
+/// The `authorization` value of a client's calls (none: nothing is added).
+#[derive(Clone, Default)]
+pub struct ApiKeyHeader(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for ApiKeyHeader {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            r.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(r)
+    }
+}
+
+/// A client's channel, each call carrying its API key.
+pub type Service = InterceptedService<Channel, ApiKeyHeader>;
+
 /// A connected client. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
     channel: Channel,
+    /// `Bearer <API key>`, sent as `authorization` on every call.
+    api_key: ApiKeyHeader,
     namespace: String,
     timeout: Duration,
     retries: u32,
@@ -116,10 +136,21 @@ impl Client {
     pub fn from_channel(channel: Channel) -> Client {
         Client {
             channel,
+            api_key: ApiKeyHeader::default(),
             namespace: "default".into(),
             timeout: Duration::from_secs(30),
             retries: 3,
         }
+    }
+
+    /// The same client sending an API key (`kai_…`, from `kairosctl keys create`) with every
+    /// call; nodes that require keys refuse calls without one (UNAUTHENTICATED).
+    pub fn with_api_key(mut self, key: &str) -> Result<Self, Error> {
+        let key = key.trim();
+        let value = tonic::metadata::MetadataValue::try_from(format!("Bearer {key}"))
+            .map_err(|_| Error::Invalid("API key: must be printable ASCII".into()))?;
+        self.api_key = ApiKeyHeader(Some(value));
+        Ok(self)
     }
 
     /// The same client in another namespace.
@@ -152,20 +183,25 @@ impl Client {
         }
     }
 
-    pub(crate) fn executions(&self) -> ExecutionServiceClient<Channel> {
-        ExecutionServiceClient::new(self.channel.clone())
+    /// The channel with the API key (if any) added to each call.
+    pub(crate) fn service(&self) -> Service {
+        InterceptedService::new(self.channel.clone(), self.api_key.clone())
     }
 
-    pub(crate) fn workers(&self) -> WorkerServiceClient<Channel> {
-        WorkerServiceClient::new(self.channel.clone())
+    pub(crate) fn executions(&self) -> ExecutionServiceClient<Service> {
+        ExecutionServiceClient::new(self.service())
     }
 
-    fn definitions(&self) -> DefinitionServiceClient<Channel> {
-        DefinitionServiceClient::new(self.channel.clone())
+    pub(crate) fn workers(&self) -> WorkerServiceClient<Service> {
+        WorkerServiceClient::new(self.service())
     }
 
-    fn admin(&self) -> AdminServiceClient<Channel> {
-        AdminServiceClient::new(self.channel.clone())
+    fn definitions(&self) -> DefinitionServiceClient<Service> {
+        DefinitionServiceClient::new(self.service())
+    }
+
+    pub(crate) fn admin(&self) -> AdminServiceClient<Service> {
+        AdminServiceClient::new(self.service())
     }
 
     /// Starts a submission of `definition_uri` (`registry://jobs/<name>`) at `version`, due now

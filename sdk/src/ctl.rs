@@ -14,6 +14,7 @@ use kairos_proto::v1::{Definition, Execution, ExecutionStatus};
 use serde_json::{Value, json};
 
 pub mod args;
+mod access;
 mod console;
 mod cron;
 
@@ -45,6 +46,7 @@ fn exit_code(f: &Failure) -> i32 {
             Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => 4,
             Code::InvalidArgument | Code::OutOfRange => 5,
             Code::Unavailable | Code::DeadlineExceeded => 6,
+            Code::Unauthenticated | Code::PermissionDenied => 7,
             _ => 1,
         },
     }
@@ -140,6 +142,14 @@ fn definition_out(o: &Opts, d: &Definition, created: Option<bool>) -> String {
     format!("registry://jobs/{} version {} (queue {}) {what}", d.name, d.version, d.queue)
         .trim_end()
         .to_string()
+}
+
+/// The client with the API key, if one was given.
+fn with_key(c: Client, key: Option<&str>) -> Result<Client, crate::Error> {
+    match key.filter(|k| !k.is_empty()) {
+        Some(k) => c.with_api_key(k),
+        None => Ok(c),
+    }
 }
 
 /// Runs one command against the node.
@@ -271,6 +281,12 @@ async fn run(client: &Client, o: &Opts, cmd: Api) -> Result<String, Failure> {
             }
         }
         Api::Cron(c) => cron::run(client, o, *c).await,
+        Api::Keys(k) => access::keys(client, o, k).await,
+        Api::Audit { from, limit, all_namespaces } => {
+            access::audit(client, o, from.unwrap_or(0), limit, all_namespaces).await
+        }
+        Api::Whoami => access::whoami(client, o).await,
+        Api::Limits => access::limits(client, o).await,
         Api::Nodes => {
             let nodes = client.nodes().await?;
             if o.json {
@@ -439,11 +455,17 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
         }
         Command::Bench(b) => rt.block_on(crate::bench::main(b.command)),
         Command::Api(cmd) => rt.block_on(async {
-            match Client::connect(&cli.endpoint).await {
+            let client = match Client::connect(&cli.endpoint).await {
+                Ok(c) => with_key(c, cli.api_key.as_deref()),
+                Err(e) => Err(e),
+            };
+            match client {
                 Ok(c) => report(&o, run(&c.with_namespace(cli.namespace), &o, cmd).await),
                 Err(e) => report(&o, Err(Failure::Client(e))),
             }
         }),
-        Command::Console => rt.block_on(console::run(&cli.endpoint, cli.namespace, o)),
+        Command::Console => {
+            rt.block_on(console::run(&cli.endpoint, cli.api_key, cli.namespace, o))
+        }
     }
 }

@@ -36,6 +36,8 @@ pub fn classify(e: &Error) -> (tonic::Code, StatusCode) {
         },
         Error::Corrupt(_) => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
         Error::QuotaExceeded { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
+        Error::Unauthenticated(_) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+        Error::PermissionDenied(_) => (Code::PermissionDenied, StatusCode::FORBIDDEN),
     }
 }
 

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use super::errors::status;
+use crate::auth::{Principal, Scope};
 use crate::dispatcher::{PollRequest as NodePoll, SessionOpen};
 use crate::node::Node;
 use tracing::Instrument as _;
@@ -33,6 +34,9 @@ use tracing::Instrument as _;
 pub mod cron;
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// The namespace of cluster-wide calls: only keys of every namespace may make them.
+const ALL: &str = kairos_layer::ops::access::ALL_NAMESPACES;
 
 fn ok<T>(v: T) -> Reply<T> {
     Ok(Response::new(v))
@@ -61,6 +65,28 @@ impl Api {
     /// The services over `node`.
     pub fn new(node: Node) -> Self {
         Api { node, definitions: Arc::default() }
+    }
+
+    /// The caller: the principal the node put on an in-process call (the cron service), or
+    /// the one the call's API key names.
+    pub(crate) async fn principal<T>(&self, req: &Request<T>) -> Result<Principal, Status> {
+        if let Some(p) = req.extensions().get::<Principal>() {
+            return Ok(p.clone());
+        }
+        let header = req.metadata().get("authorization").map(|v| v.as_bytes());
+        self.node.auth().authenticate(header).await.map_err(|e| status(&e))
+    }
+
+    /// The caller, allowed to act on `ns` with `scope`.
+    pub(crate) async fn authorize<T>(
+        &self,
+        req: &Request<T>,
+        ns: &str,
+        scope: Scope,
+    ) -> Result<Principal, Status> {
+        let p = self.principal(req).await?;
+        p.allow(&or_default(ns), scope).map_err(|e| status(&e))?;
+        Ok(p)
     }
 
     /// A submit request for the layer; `trace` is the call's `traceparent` metadata, used
@@ -232,6 +258,7 @@ fn traceparent_of<T>(req: &Request<T>) -> Option<String> {
 #[tonic::async_trait]
 impl ExecutionService for Api {
     async fn submit(&self, req: Request<SubmitRequest>) -> Reply<SubmitResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let trace = traceparent_of(&req);
         let (r, full) =
             self.submit_request(req.into_inner(), trace.as_deref()).map_err(|e| status(&e))?;
@@ -245,6 +272,7 @@ impl ExecutionService for Api {
     }
 
     async fn submit_batch(&self, req: Request<SubmitBatchRequest>) -> Reply<SubmitBatchResponse> {
+        let caller = self.principal(&req).await?;
         let trace = traceparent_of(&req);
         let reqs = req.into_inner().requests;
         if reqs.len() > ops::submit::SUBMIT_BATCH_MAX {
@@ -257,7 +285,9 @@ impl ExecutionService for Api {
         let mut items: Vec<Option<SubmitBatchItem>> = Vec::with_capacity(reqs.len());
         let mut full = Vec::with_capacity(reqs.len());
         for r in reqs {
-            match self.submit_request(r, trace.as_deref()) {
+            // Each item names its namespace: one the key may not submit to fails alone.
+            let allowed = caller.allow(&or_default(&r.namespace), Scope::Submit);
+            match allowed.and_then(|()| self.submit_request(r, trace.as_deref())) {
                 Ok((r, f)) => {
                     parsed.push(r);
                     full.push(f);
@@ -284,6 +314,7 @@ impl ExecutionService for Api {
     }
 
     async fn get(&self, req: Request<GetExecutionRequest>) -> Reply<GetExecutionResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let r = req.into_inner();
         let ns = or_default(&r.namespace);
         let sched = self.node.scheduler();
@@ -304,16 +335,18 @@ impl ExecutionService for Api {
     }
 
     async fn cancel(&self, req: Request<ExecutionRef>) -> Reply<CancelResponse> {
+        let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let r = req.into_inner();
         let c = self
             .node
-            .cancel(&or_default(&r.namespace), &r.execution_id)
+            .cancel(&or_default(&r.namespace), &r.execution_id, &caller.who)
             .await
             .map_err(|e| status(&e))?;
         ok(CancelResponse { execution: Some(convert::execution(&c.execution)), cancelled: c.done })
     }
 
     async fn list(&self, req: Request<ListExecutionsRequest>) -> Reply<ListExecutionsResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let q = list_query(req.into_inner()).map_err(|e| status(&e))?;
         let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
         ok(ListExecutionsResponse {
@@ -324,10 +357,11 @@ impl ExecutionService for Api {
     }
 
     async fn replay(&self, req: Request<ExecutionRef>) -> Reply<ExecutionResponse> {
+        let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let r = req.into_inner();
         let e = self
             .node
-            .replay(&or_default(&r.namespace), &r.execution_id)
+            .replay(&or_default(&r.namespace), &r.execution_id, &caller.who)
             .await
             .map_err(|e| status(&e))?;
         ok(ExecutionResponse { execution: Some(convert::execution(&e)) })
@@ -378,6 +412,7 @@ impl Api {
     /// Applies results (batched with others on the node); one acknowledgement each, in order.
     async fn report(
         &self,
+        caller: &Principal,
         ns: &str,
         worker: &str,
         results: Vec<TaskResult>,
@@ -393,7 +428,9 @@ impl Api {
         let mut reports = Vec::new();
         for r in results {
             let id = r.execution_id.clone();
-            match report_of(ns, worker, r) {
+            let reported = report_of(ns, worker, r)
+                .and_then(|rep| caller.allow(&rep.namespace, Scope::Worker).map(|()| rep));
+            match reported {
                 Ok(rep) => {
                     ids.push(id);
                     reports.push(rep);
@@ -480,6 +517,8 @@ impl WorkerService for Api {
     type WorkStream = WorkStream;
 
     async fn work(&self, req: Request<Streaming<WorkRequest>>) -> Reply<Self::WorkStream> {
+        // Authenticated now; the namespace is checked once `open` names it.
+        let caller = self.principal(&req).await?;
         let mut inbound = req.into_inner();
         let mut first = match inbound.message().await? {
             Some(m) => m,
@@ -490,6 +529,7 @@ impl WorkerService for Api {
             .take()
             .ok_or_else(|| status(&invalid("open", "the first message must carry `open`")))?;
         let ns = or_default(&open.namespace);
+        caller.allow(&ns, Scope::Worker).map_err(|e| status(&e))?;
         let checks = [("namespace", &ns), ("queue", &open.queue), ("workerId", &open.worker_id)];
         for (field, v) in checks {
             ops::submit::check_name(field, v).map_err(|e| status(&e))?;
@@ -560,10 +600,15 @@ impl WorkerService for Api {
                         api.node.session_credits(session, m.credits as usize);
                     }
                     if !m.results.is_empty() {
-                        let (api, out, ns, worker) =
-                            (api.clone(), out_tx.clone(), ns.clone(), open.worker_id.clone());
+                        let (api, out, ns, worker, caller) = (
+                            api.clone(),
+                            out_tx.clone(),
+                            ns.clone(),
+                            open.worker_id.clone(),
+                            caller.clone(),
+                        );
                         tokio::spawn(async move {
-                            let msg = match api.report(&ns, &worker, m.results).await {
+                            let msg = match api.report(&caller, &ns, &worker, m.results).await {
                                 Ok(acks) => Ok(WorkResponse { acks, ..WorkResponse::default() }),
                                 // Not applied (the store is unavailable): the worker sends them
                                 // again on its next stream.
@@ -595,6 +640,7 @@ impl WorkerService for Api {
     }
 
     async fn poll(&self, req: Request<PollRequest>) -> Reply<PollResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Worker).await?;
         let r = req.into_inner();
         let ns = or_default(&r.namespace);
         let checks = [("namespace", &ns), ("queue", &r.queue), ("workerId", &r.worker_id)];
@@ -618,6 +664,7 @@ impl WorkerService for Api {
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Worker).await?;
         let r = req.into_inner();
         let ns = or_default(&r.namespace);
         let now = self.node.scheduler().clock().now().as_millis();
@@ -643,6 +690,7 @@ impl WorkerService for Api {
     }
 
     async fn complete(&self, req: Request<CompleteRequest>) -> Reply<ResultResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Worker).await?;
         let r = req.into_inner();
         let report = Report {
             namespace: or_default(&r.namespace),
@@ -659,6 +707,7 @@ impl WorkerService for Api {
     }
 
     async fn fail(&self, req: Request<FailRequest>) -> Reply<ResultResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Worker).await?;
         let r = req.into_inner();
         let error = r.error.map_or(
             storage::ExecutionError {
@@ -684,8 +733,10 @@ impl WorkerService for Api {
     }
 
     async fn report(&self, req: Request<ReportRequest>) -> Reply<ReportResponse> {
+        let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Worker).await?;
         let r = req.into_inner();
-        let acks = Api::report(self, &or_default(&r.namespace), &r.worker_id, r.results).await?;
+        let acks =
+            Api::report(self, &caller, &or_default(&r.namespace), &r.worker_id, r.results).await?;
         ok(ReportResponse { acks })
     }
 }
@@ -696,18 +747,20 @@ impl DefinitionService for Api {
         &self,
         req: Request<RegisterDefinitionRequest>,
     ) -> Reply<RegisterDefinitionResponse> {
+        let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Definitions).await?;
         let r = req.into_inner();
         let def = super::parse_definition(r.source.into_bytes()).await.map_err(|e| status(&e))?;
         let (d, created) = self
             .node
             .scheduler()
-            .register_definition(&or_default(&r.namespace), def)
+            .register_definition_by(&or_default(&r.namespace), def, &caller.who)
             .await
             .map_err(|e| status(&e))?;
         ok(RegisterDefinitionResponse { definition: Some(convert::definition(&d)), created })
     }
 
     async fn get(&self, req: Request<GetDefinitionRequest>) -> Reply<DefinitionResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let r = req.into_inner();
         let version = (r.version != 0).then_some(r.version);
         let d = self
@@ -720,6 +773,7 @@ impl DefinitionService for Api {
     }
 
     async fn list(&self, req: Request<ListDefinitionsRequest>) -> Reply<ListDefinitionsResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let r = req.into_inner();
         let ds = self
             .node
@@ -733,12 +787,14 @@ impl DefinitionService for Api {
 
 #[tonic::async_trait]
 impl AdminService for Api {
-    async fn nodes(&self, _: Request<Empty>) -> Reply<NodesResponse> {
+    async fn nodes(&self, req: Request<Empty>) -> Reply<NodesResponse> {
+        self.authorize(&req, ALL, Scope::Admin).await?;
         let nodes = self.node.scheduler().nodes().await.map_err(|e| status(&e))?;
         ok(NodesResponse { nodes: nodes.iter().map(convert::node).collect() })
     }
 
     async fn shards(&self, req: Request<ShardsRequest>) -> Reply<ShardsResponse> {
+        self.authorize(&req, ALL, Scope::Admin).await?;
         let space = match req.into_inner().space.as_str() {
             "" | "executions" => Space::Executions,
             "cron" => Space::Cron,
@@ -758,6 +814,12 @@ impl AdminService for Api {
     }
 
     async fn stats(&self, req: Request<StatsRequest>) -> Reply<StatsResponse> {
+        // Every namespace's counts are for keys of every namespace.
+        let ns = match req.get_ref().namespace.as_str() {
+            "" => ALL.to_string(),
+            ns => ns.to_string(),
+        };
+        self.authorize(&req, &ns, Scope::Read).await?;
         let r = req.into_inner();
         let sched = self.node.scheduler();
         let counts = if r.namespace.is_empty() {
@@ -775,6 +837,7 @@ impl AdminService for Api {
         &self,
         req: Request<ListExecutionsRequest>,
     ) -> Reply<ListExecutionsResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let mut q = list_query(req.into_inner()).map_err(|e| status(&e))?;
         q.status = Some(storage::ExecutionStatus::Failed);
         let page = self.node.scheduler().list(&q).await.map_err(|e| status(&e))?;
@@ -786,11 +849,116 @@ impl AdminService for Api {
     }
 
     async fn quarantined(&self, req: Request<QuarantinedRequest>) -> Reply<QuarantinedResponse> {
+        self.authorize(&req, ALL, Scope::Admin).await?;
         let limit = match req.into_inner().limit {
             0 => 100,
             n => n as usize,
         };
         let records = self.node.scheduler().quarantined(limit).await.map_err(|e| status(&e))?;
         ok(QuarantinedResponse { records: records.iter().map(convert::quarantined).collect() })
+    }
+
+    async fn create_api_key(
+        &self,
+        req: Request<CreateApiKeyRequest>,
+    ) -> Reply<CreateApiKeyResponse> {
+        let ns = req.get_ref().namespace.clone();
+        if ns.is_empty() {
+            return Err(status(&invalid("namespace", "is required: a namespace, or * for every one")));
+        }
+        let caller = self.authorize(&req, &ns, Scope::Admin).await?;
+        let r = req.into_inner();
+        let k = self
+            .node
+            .scheduler()
+            .create_api_key(&ns, &r.scopes, &r.name, &caller.who)
+            .await
+            .map_err(|e| status(&e))?;
+        ok(CreateApiKeyResponse { key: Some(convert::api_key(&k.key)), token: k.token })
+    }
+
+    async fn list_api_keys(&self, req: Request<ListApiKeysRequest>) -> Reply<ListApiKeysResponse> {
+        let caller = self.principal(&req).await?;
+        let ns = req.into_inner().namespace;
+        // Empty: every key the caller administers.
+        let filter = match (ns.is_empty(), caller.all_namespaces()) {
+            (true, true) => None,
+            (true, false) => Some(caller.namespace.clone()),
+            (false, _) => Some(ns),
+        };
+        caller.allow(filter.as_deref().unwrap_or(ALL), Scope::Admin).map_err(|e| status(&e))?;
+        let keys =
+            self.node.scheduler().list_api_keys(filter.as_deref()).await.map_err(|e| status(&e))?;
+        ok(ListApiKeysResponse { keys: keys.iter().map(convert::api_key).collect() })
+    }
+
+    async fn revoke_api_key(&self, req: Request<RevokeApiKeyRequest>) -> Reply<ApiKeyResponse> {
+        let caller = self.principal(&req).await?;
+        let id = req.into_inner().id;
+        let sched = self.node.scheduler();
+        let not_found = || {
+            status(&ops::Error::NotFound { what: "API key", id: ops::error::shown(&id) })
+        };
+        // A key the caller does not administer is "not found" (not a hint that it exists).
+        let key = sched.api_key(&id).await.map_err(|e| status(&e))?.ok_or_else(not_found)?;
+        if caller.allow(&key.namespace, Scope::Admin).is_err() {
+            return Err(not_found());
+        }
+        let key = sched.revoke_api_key(&id, &caller.who).await.map_err(|e| status(&e))?;
+        self.node.auth().forget(&id);
+        ok(ApiKeyResponse { key: Some(convert::api_key(&key)) })
+    }
+
+    async fn audit_log(&self, req: Request<AuditLogRequest>) -> Reply<AuditLogResponse> {
+        let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Admin).await?;
+        drop(caller);
+        let r = req.into_inner();
+        let limit = if r.limit == 0 { 100 } else { r.limit as usize };
+        let records = self
+            .node
+            .scheduler()
+            .audit_log(&or_default(&r.namespace), r.from_ms, limit)
+            .await
+            .map_err(|e| status(&e))?;
+        ok(AuditLogResponse { entries: records.iter().map(convert::audit).collect() })
+    }
+
+    async fn who_am_i(&self, req: Request<Empty>) -> Reply<WhoAmIResponse> {
+        let p = self.principal(&req).await?;
+        ok(WhoAmIResponse {
+            who: p.who,
+            namespace: p.namespace,
+            scopes: p.scopes,
+            authentication: self.node.auth().mode() == crate::auth::AuthMode::Keys,
+        })
+    }
+
+    async fn limits(&self, req: Request<LimitsRequest>) -> Reply<LimitsResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
+        let ns = or_default(&req.into_inner().namespace);
+        let config = self.node.config();
+        let quota = config.quotas.of(&ns);
+        let counts = self.node.scheduler().status_counts(&ns).await.map_err(|e| status(&e))?;
+        use storage::ExecutionStatus as S;
+        let pending = counts
+            .iter()
+            .filter(|(s, _)| matches!(s, S::Scheduled | S::Ready | S::Running | S::RetryWait))
+            .map(|(_, n)| (*n).max(0) as u64)
+            .sum();
+        use kairos_layer::ops::limits as l;
+        ok(LimitsResponse {
+            namespace: ns.clone(),
+            submit_per_s: quota.submit_per_s,
+            pending_max: quota.pending_max,
+            pending,
+            retention_days: config
+                .namespace_retention_days
+                .get(&ns)
+                .copied()
+                .unwrap_or(config.retention_days),
+            input_bytes_max: l::INPUT_BYTES_MAX as u32,
+            output_bytes_max: l::OUTPUT_BYTES_MAX as u32,
+            definition_bytes_max: kairos_layer::kv::limits::VALUE_BYTES_MAX as u32,
+        })
     }
 }

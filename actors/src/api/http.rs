@@ -24,11 +24,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 pub(crate) use self::input::namespace;
-use self::input::{json_body, query_error};
+use self::input::{authorized, json_body, query_error};
 use super::errors;
 use super::json::{self, parse_rfc3339};
+use crate::auth::Scope;
 use crate::node::Node;
 
+mod admin;
 mod cron;
 mod input;
 
@@ -99,6 +101,9 @@ fn parse_submit(headers: &HeaderMap, body: &[u8]) -> Result<SubmitRequest, ops::
 }
 
 async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = authorized(&node, &headers, Scope::Submit).await {
+        return error_response(&e);
+    }
     let req = match parse_submit(&headers, &body) {
         Ok(r) => r,
         Err(e) => return error_response(&e),
@@ -135,7 +140,7 @@ async fn get_execution(
 ) -> Response {
     respond(
         async {
-            let ns = namespace(&headers)?;
+            let ns = authorized(&node, &headers, Scope::Read).await?.0;
             let e = node.scheduler().get(&ns, &id).await?;
             let a = node.scheduler().attempts(&ns, &id).await?;
             Ok(json::execution(&e, Some(&a)))
@@ -148,7 +153,11 @@ async fn get_execution(
 /// with the RUNNING one (`cancelRequested: true`) if its worker was asked to stop; 409 once
 /// finished.
 async fn cancel(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let r = async { node.cancel(&namespace(&headers)?, &id).await }.await;
+    let r = async {
+        let caller = authorized(&node, &headers, Scope::Submit).await?;
+        node.cancel(&caller.0, &id, &caller.1.who).await
+    }
+    .await;
     match r {
         Ok(c) => {
             let status = if c.done { StatusCode::OK } else { StatusCode::ACCEPTED };
@@ -160,7 +169,11 @@ async fn cancel(State(node): State<Node>, headers: HeaderMap, Path(id): Path<Str
 
 async fn replay(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     respond(
-        async { Ok(json::execution(&node.replay(&namespace(&headers)?, &id).await?, None)) }.await,
+        async {
+            let caller = authorized(&node, &headers, Scope::Submit).await?;
+            Ok(json::execution(&node.replay(&caller.0, &id, &caller.1.who).await?, None))
+        }
+        .await,
     )
 }
 
@@ -181,11 +194,11 @@ async fn list(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Response {
     let r = async {
+        let (ns, _) = authorized(&node, &headers, Scope::Read).await?;
         let Query(p) = params.map_err(query_error)?;
         if let Some(key) = &p.idempotency_key {
             // The execution submitted with this key, as a one-item list (a client that lost
             // the reply to its POST).
-            let ns = namespace(&headers)?;
             let e = node.scheduler().get_by_idempotency_key(&ns, key).await?;
             return Ok(json!({ "executions": [json::execution(&e, None)], "nextCursor": null }));
         }
@@ -206,7 +219,7 @@ async fn list(
             }
         };
         let q = ListQuery {
-            namespace: namespace(&headers)?,
+            namespace: ns,
             status,
             definition: p.definition.clone(),
             limit: p.limit.unwrap_or(0),
@@ -245,9 +258,9 @@ async fn register_definition(
     body: Bytes,
 ) -> Response {
     let r = async {
-        let ns = namespace(&headers)?;
+        let caller = authorized(&node, &headers, Scope::Definitions).await?;
         let def = super::parse_definition(body.to_vec()).await?;
-        node.scheduler().register_definition(&ns, def).await
+        node.scheduler().register_definition_by(&caller.0, def, &caller.1.who).await
     }
     .await;
     match r {
@@ -273,10 +286,13 @@ async fn get_definition(
     params: Result<Query<VersionParam>, QueryRejection>,
 ) -> Response {
     let r = async {
+        let (ns, _) = authorized(&node, &headers, Scope::Read).await?;
         let Query(p) = params.map_err(query_error)?;
         // 0 is the latest, as over gRPC.
         let version = p.version.filter(|v| *v != 0);
-        node.scheduler().get_definition(&namespace(&headers)?, &name, version).await
+        node.scheduler()
+            .get_definition(&ns, &name, version)
+            .await
     }
     .await;
     match r {
@@ -286,7 +302,10 @@ async fn get_definition(
 }
 
 async fn list_definitions(State(node): State<Node>, headers: HeaderMap) -> Response {
-    let r = async { node.scheduler().list_definitions(&namespace(&headers)?).await }.await;
+    let r = async {
+        node.scheduler().list_definitions(&authorized(&node, &headers, Scope::Read).await?.0).await
+    }
+    .await;
     match r {
         Ok(ds) => axum::Json(
             json!({ "definitions": ds.iter().map(json::definition).collect::<Vec<_>>() }),
@@ -371,6 +390,7 @@ pub fn router(node: Node) -> Router {
         .route("/definitions", get(list_definitions).post(register_definition))
         .route("/definitions/{name}", get(get_definition))
         .merge(cron::routes())
+        .merge(admin::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)

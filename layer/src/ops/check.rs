@@ -317,6 +317,18 @@ fn check_value(
             r.refs.push((key.to_vec(), rk.namespace, rk.execution_id, "execution"));
         }
         Tag::Quarantine => drop(decodes::<QuarantineRecord>(report, key, "quarantine", value)),
+        Tag::ApiKey => {
+            let Ok(id) = ks.parse_api_key(key) else { return };
+            if let Some(k) =
+                decodes::<kairos_proto::storage::v1::ApiKey>(report, key, "api key", value)
+                && k.id != id
+            {
+                report.found(key, format!("the record is API key {:?}", k.id));
+            }
+        }
+        Tag::Audit => {
+            drop(decodes::<kairos_proto::storage::v1::AuditRecord>(report, key, "audit", value))
+        }
         // Indexes are checked against the executions afterwards; receipts are opaque and
         // short-lived; watermarks and counters were checked for their size.
         Tag::ByStatus

@@ -5,6 +5,7 @@
 use kairos_proto::storage::v1::{Execution, ExecutionStatus};
 
 use super::Scheduler;
+use super::access::Audit;
 use super::error::{Error, Result};
 use super::records::require_execution;
 use crate::state::{ExecutionEvent, execution_transition, status_name};
@@ -27,8 +28,25 @@ impl Scheduler {
     /// completes anyway. A finished execution is refused with `FailedPrecondition`.
     /// Idempotent.
     pub async fn cancel(&self, ns: &str, id: &str) -> Result<Cancelled> {
+        self.cancel_by(ns, id, "internal").await
+    }
+
+    /// [`cancel`](Self::cancel), recorded in the audit log as asked by `who` (when it changed
+    /// something).
+    pub async fn cancel_by(&self, ns: &str, id: &str, who: &str) -> Result<Cancelled> {
         super::submit::check_ref(ns, id)?;
         let now_ms = self.clock.now().as_millis();
+        let audit_id = self.audit_id();
+        let audit = |tx: &crate::kv::Transaction, detail: &str| {
+            let a = Audit {
+                who,
+                action: "execution.cancel",
+                target: id.to_string(),
+                detail: detail.to_string(),
+            };
+            self.write_audit(tx, ns, now_ms, &audit_id, &a)
+        };
+        let audit = &audit;
         self.db
             .run(|tx| async move {
                 let mut e = require_execution(&tx, &self.ks, ns, id).await?;
@@ -42,6 +60,7 @@ impl Scheduler {
                             e.cancel_requested = true;
                             e.updated_at_ms = now_ms;
                             self.save_execution(&tx, Some(before), &e)?;
+                            audit(&tx, "RUNNING: cancel requested")?;
                         }
                         return Ok(Cancelled { execution: e, done: false });
                     }
@@ -63,6 +82,7 @@ impl Scheduler {
                 e.finished_at_ms = now_ms;
                 e.updated_at_ms = now_ms;
                 self.save_execution(&tx, Some(before), &e)?;
+                audit(&tx, &format!("{} → CANCELLED", status_name(before)))?;
                 Ok(Cancelled { execution: e, done: true })
             })
             .await
@@ -71,8 +91,15 @@ impl Scheduler {
     /// Replays a FAILED execution: READY again, as the next attempt of the same execution,
     /// with a fresh retry budget. Idempotent.
     pub async fn replay(&self, ns: &str, id: &str) -> Result<Execution> {
+        self.replay_by(ns, id, "internal").await
+    }
+
+    /// [`replay`](Self::replay), recorded in the audit log as asked by `who`.
+    pub async fn replay_by(&self, ns: &str, id: &str, who: &str) -> Result<Execution> {
         super::submit::check_ref(ns, id)?;
         let now_ms = self.clock.now().as_millis();
+        let audit_id = self.audit_id();
+        let audit_id = &audit_id;
         self.db
             .run(|tx| async move {
                 let mut e = require_execution(&tx, &self.ks, ns, id).await?;
@@ -97,6 +124,13 @@ impl Scheduler {
                 e.updated_at_ms = now_ms;
                 self.enqueue_ready(&tx, &mut e, now_ms)?;
                 self.save_execution(&tx, Some(before), &e)?;
+                let a = Audit {
+                    who,
+                    action: "execution.replay",
+                    target: id.to_string(),
+                    detail: format!("after {} attempts", e.attempt_count),
+                };
+                self.write_audit(&tx, ns, now_ms, audit_id, &a)?;
                 Ok(e)
             })
             .await

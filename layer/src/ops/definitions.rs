@@ -37,6 +37,17 @@ impl Scheduler {
         ns: &str,
         def: JobDefinition,
     ) -> Result<(JobDefinition, bool)> {
+        self.register_definition_by(ns, def, "internal").await
+    }
+
+    /// [`register_definition`](Self::register_definition), recorded in the audit log as done
+    /// by `who` (when it stored a new version).
+    pub async fn register_definition_by(
+        &self,
+        ns: &str,
+        def: JobDefinition,
+        who: &str,
+    ) -> Result<(JobDefinition, bool)> {
         check_name("namespace", ns)?;
         if def.name.is_empty() {
             return Err(super::error::invalid("name", "must not be empty"));
@@ -57,6 +68,8 @@ impl Scheduler {
                 ),
             ));
         }
+        let audit_id = self.audit_id();
+        let audit_id = &audit_id;
         self.db
             .run(|tx| {
                 let def = def.clone();
@@ -71,6 +84,13 @@ impl Scheduler {
                         });
                     }
                     tx.set(&self.ks.definition(ns, &def.name, def.version), &encode(&def))?;
+                    let a = super::access::Audit {
+                        who,
+                        action: "definition.register",
+                        target: format!("registry://jobs/{} version {}", def.name, def.version),
+                        detail: format!("{} bytes", prost::Message::encoded_len(&def)),
+                    };
+                    self.write_audit(&tx, ns, now_ms, audit_id, &a)?;
                     Ok((def, true))
                 }
             })

@@ -96,6 +96,12 @@ pub enum Error {
         /// When a retry may pass.
         retry_after_ms: u64,
     },
+    /// No valid API key came with the call (missing, malformed, unknown or revoked).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller's key does not allow this (its namespace or a scope is missing).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The KV layer failed (retryable ones are retried by `run` before surfacing).
     #[error(transparent)]
     Kv(#[from] kv::Error),

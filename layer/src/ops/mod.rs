@@ -14,9 +14,11 @@
 //! | attempts: `heartbeat(_many)`, `report_many` (`complete`, `fail`, `release`) | [`worker`] |
 //! | back-off | [`retry`] |
 //! | definitions | [`definitions`] |
+//! | API keys, the audit log | [`access`] |
 //! | leased partitions, nodes | [`leases`] |
 //! | cron jobs (clients), cron rounds (owners) | [`cron`], [`cron::owner`] |
 
+pub mod access;
 pub mod check;
 pub mod claim;
 pub mod control;

@@ -3,13 +3,12 @@
 
 use kairos_proto::v1::cron_service_client::CronServiceClient;
 use kairos_proto::v1::*;
-use tonic::transport::Channel;
 
 use super::{Client, Error};
 
 impl Client {
-    fn crons(&self) -> CronServiceClient<Channel> {
-        CronServiceClient::new(self.channel.clone())
+    fn crons(&self) -> CronServiceClient<super::Service> {
+        CronServiceClient::new(self.service())
     }
 
     fn job_ref(&self, id: &str) -> CronJobRef {

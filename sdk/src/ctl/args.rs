@@ -9,7 +9,8 @@ use serde_json::Value;
 
 /// What the exit codes mean (shown under `--help`).
 pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · \
-4 conflict (already exists, wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out";
+4 conflict (already exists, wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out · \
+7 not allowed (no or bad API key, missing scope)";
 
 /// `kairosctl …`.
 #[derive(Debug, Parser)]
@@ -41,6 +42,9 @@ pub struct Cli {
         value_name = "NS"
     )]
     pub namespace: String,
+    /// The API key (`kai_…`) sent with every call (nodes run by `kairos serve` require one).
+    #[arg(long, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<String>,
     /// JSON output, for scripts: results on stdout, errors (usage errors too) on stderr as
     /// {"error": {"code", "message", "exitCode"}}.
     #[arg(long, global = true)]
@@ -162,6 +166,54 @@ pub enum Api {
         /// At most this many.
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: u32,
+    },
+    /// API keys: create, list, revoke (scope `admin`).
+    #[command(subcommand)]
+    Keys(Keys),
+    /// The namespace's audit log: definition registrations, key changes, cancels, replays.
+    Audit {
+        /// From this time on.
+        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
+        from: Option<i64>,
+        /// At most this many (up to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: u32,
+        /// The log of changes to keys of every namespace (`*`) instead.
+        #[arg(long)]
+        all_namespaces: bool,
+    },
+    /// Who the node takes this API key for.
+    Whoami,
+    /// The namespace's quotas and retention, and its executions not yet finished.
+    Limits,
+}
+
+/// `keys …`.
+#[derive(Debug, Subcommand)]
+pub enum Keys {
+    /// Creates a key and prints its token (shown once: store it now).
+    Create {
+        /// The namespace the key acts in; `*` for every namespace.
+        #[arg(long = "for", value_name = "NS")]
+        for_namespace: String,
+        /// A scope (repeat or comma-separate): submit, read, worker, definitions, admin.
+        #[arg(long = "scope", value_name = "SCOPE", required = true, value_delimiter = ',',
+              value_parser = ["submit", "read", "worker", "definitions", "admin"])]
+        scopes: Vec<String>,
+        /// A label: who or what uses the key.
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// Lists keys (revoked ones too).
+    List {
+        /// Only keys of this namespace (`*`: keys of every namespace).
+        #[arg(long = "for", value_name = "NS")]
+        for_namespace: Option<String>,
+    },
+    /// Revokes a key, for good.
+    Revoke {
+        /// The key's id (the part after `kai_`, before the next `_`).
+        id: String,
     },
 }
 

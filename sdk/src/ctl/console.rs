@@ -169,7 +169,12 @@ fn parse_line(line: &str, session_json: bool) -> Step {
 /// Runs the console against `endpoint`; returns the exit code (0 after `quit` or end of input).
 /// It connects at the first command that needs the node (and again after a failed attempt):
 /// `help` works with the node down, and an unreachable node is reported, not fatal.
-pub(super) async fn run(endpoint: &str, namespace: String, o: Opts) -> i32 {
+pub(super) async fn run(
+    endpoint: &str,
+    api_key: Option<String>,
+    namespace: String,
+    o: Opts,
+) -> i32 {
     let mut client: Option<Client> = None;
     let config = Config::builder().auto_add_history(true).max_history_size(1_000);
     let mut rl: Editor<ConsoleHelper, DefaultHistory> =
@@ -194,7 +199,10 @@ pub(super) async fn run(endpoint: &str, namespace: String, o: Opts) -> i32 {
                 Step::Quit => break,
                 Step::Run(lo, cmd) => {
                     if client.is_none() {
-                        match Client::connect(endpoint).await {
+                        let connected = Client::connect(endpoint)
+                            .await
+                            .and_then(|c| super::with_key(c, api_key.as_deref()));
+                        match connected {
                             Ok(c) => client = Some(c.with_namespace(namespace.clone())),
                             Err(e) => {
                                 report(&lo, Err(Failure::Client(e)));

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 use super::{Api, or_default};
 use crate::api::convert;
 use crate::api::errors::status;
+use crate::auth::Scope;
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -174,12 +175,14 @@ fn job_ref(r: &CronJobRef) -> (String, String) {
 #[tonic::async_trait]
 impl CronService for Api {
     async fn create(&self, req: Request<CreateCronJobRequest>) -> Reply<CronJobResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let (spec, paused) = create_spec(req.into_inner()).map_err(fail)?;
         let (j, created) = self.node.create_cron_job(spec, paused).await.map_err(fail)?;
         Ok(Response::new(CronJobResponse { cron_job: Some(cron_job(&j)), created }))
     }
 
     async fn update(&self, req: Request<UpdateCronJobRequest>) -> Reply<CronJobResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let r = req.into_inner();
         let p = patch(&r).map_err(fail)?;
         let j = self
@@ -191,12 +194,14 @@ impl CronService for Api {
     }
 
     async fn pause(&self, req: Request<CronJobRef>) -> Reply<CronJobResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let (ns, id) = job_ref(&req.into_inner());
         let j = self.node.pause_cron_job(&ns, &id).await.map_err(fail)?;
         Ok(Response::new(CronJobResponse { cron_job: Some(cron_job(&j)), created: false }))
     }
 
     async fn resume(&self, req: Request<ResumeCronJobRequest>) -> Reply<CronJobResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let r = req.into_inner();
         let j = self
             .node
@@ -207,18 +212,21 @@ impl CronService for Api {
     }
 
     async fn delete(&self, req: Request<CronJobRef>) -> Reply<DeleteCronJobResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let (ns, id) = job_ref(&req.into_inner());
         self.node.delete_cron_job(&ns, &id).await.map_err(fail)?;
         Ok(Response::new(DeleteCronJobResponse {}))
     }
 
     async fn get(&self, req: Request<CronJobRef>) -> Reply<CronJobResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let (ns, id) = job_ref(&req.into_inner());
         let j = self.node.scheduler().get_cron_job(&ns, &id).await.map_err(fail)?;
         Ok(Response::new(CronJobResponse { cron_job: Some(cron_job(&j)), created: false }))
     }
 
     async fn list(&self, req: Request<ListCronJobsRequest>) -> Reply<ListCronJobsResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let r = req.into_inner();
         let cursor = (!r.cursor.is_empty()).then_some(r.cursor.as_str());
         let page = self
@@ -234,12 +242,15 @@ impl CronService for Api {
     }
 
     async fn preview(&self, req: Request<PreviewRequest>) -> Reply<PreviewResponse> {
+        // Touches no namespace's data: any valid key may preview.
+        self.principal(&req).await?;
         let now = self.node.scheduler().clock().now().as_millis();
         let occurrences = preview_occurrences(now, &req.into_inner()).map_err(fail)?;
         Ok(Response::new(PreviewResponse { occurrences }))
     }
 
     async fn backfill(&self, req: Request<BackfillRequest>) -> Reply<BackfillResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
         let r = req.into_inner();
         let overlap = (!r.overlap.is_empty()).then_some(r.overlap.as_str());
         let (j, occurrences) = self
@@ -260,6 +271,7 @@ impl CronService for Api {
     }
 
     async fn runs(&self, req: Request<CronRunsRequest>) -> Reply<ListExecutionsResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let r = req.into_inner();
         let cursor = (!r.cursor.is_empty()).then_some(r.cursor);
         let page = self

@@ -24,9 +24,11 @@ use kairos_proto::v1 as api;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{error_response, hex_decode, hex_encode, namespace, respond};
+use super::input::authorized;
+use super::{error_response, hex_decode, hex_encode, respond};
 use crate::api::grpc::cron::{cron_job, inputs_bytes, stored_policies};
 use crate::api::json::{self, parse_rfc3339, rfc3339};
+use crate::auth::Scope;
 use crate::node::Node;
 
 /// The JSON view of a cron job.
@@ -121,10 +123,11 @@ fn inputs_json(v: &Option<Value>) -> Result<String, ops::Error> {
 
 async fn create(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
+        let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
         let b: JobBody = parse(&body)?;
         let p = b.policies.unwrap_or_default();
         let req = api::CreateCronJobRequest {
-            namespace: namespace(&headers)?,
+            namespace: ns.clone(),
             cron_job_id: b.cron_job_id.unwrap_or_default(),
             definition_uri: b
                 .definition_uri
@@ -188,6 +191,7 @@ async fn update(
 ) -> Response {
     respond(
         async {
+            let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
             let b: JobBody = parse(&body)?;
             if b.cron_job_id.is_some() || b.paused.is_some() {
                 return Err(invalid(
@@ -227,7 +231,7 @@ async fn update(
                 remaining_runs: b.remaining_runs,
                 notes: b.notes,
             };
-            Ok(view(&node.update_cron_job(&namespace(&headers)?, &id, patch).await?))
+            Ok(view(&node.update_cron_job(&ns, &id, patch).await?))
         }
         .await,
     )
@@ -235,19 +239,34 @@ async fn update(
 
 async fn get_job(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     respond(
-        async { Ok(view(&node.scheduler().get_cron_job(&namespace(&headers)?, &id).await?)) }.await,
+        async {
+            let (ns, _) = authorized(&node, &headers, Scope::Read).await?;
+            Ok(view(&node.scheduler().get_cron_job(&ns, &id).await?))
+        }
+        .await,
     )
 }
 
 async fn delete(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    match async { node.delete_cron_job(&namespace(&headers)?, &id).await }.await {
+    match async {
+        let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
+        node.delete_cron_job(&ns, &id).await
+    }
+    .await
+    {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => error_response(&e),
     }
 }
 
 async fn pause(State(node): State<Node>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    respond(async { Ok(view(&node.pause_cron_job(&namespace(&headers)?, &id).await?)) }.await)
+    respond(
+        async {
+            let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
+            Ok(view(&node.pause_cron_job(&ns, &id).await?))
+        }
+        .await,
+    )
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -264,8 +283,8 @@ async fn resume(
 ) -> Response {
     respond(
         async {
+            let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
             let b: ResumeBody = parse(&body)?;
-            let ns = namespace(&headers)?;
             Ok(view(&node.resume_cron_job(&ns, &id, b.catch_up.unwrap_or(false)).await?))
         }
         .await,
@@ -288,10 +307,10 @@ async fn backfill(
 ) -> Response {
     respond(
         async {
+            let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
             let b: BackfillBody = parse(&body)?;
             let from = time("from", &b.from)?.ok_or_else(|| invalid("from", "is required"))?;
             let until = time("until", &b.until)?.ok_or_else(|| invalid("until", "is required"))?;
-            let ns = namespace(&headers)?;
             let (j, occ) =
                 node.backfill_cron_job(&ns, &id, from, until, b.overlap.as_deref()).await?;
             Ok(json!({
@@ -317,10 +336,11 @@ async fn list(
 ) -> Response {
     respond(
         async {
+            let (ns, _) = authorized(&node, &headers, Scope::Read).await?;
             let Query(p) = params.map_err(super::input::query_error)?;
             let page = node
                 .scheduler()
-                .list_cron_jobs(&namespace(&headers)?, p.limit.unwrap_or(0), p.cursor.as_deref())
+                .list_cron_jobs(&ns, p.limit.unwrap_or(0), p.cursor.as_deref())
                 .await?;
             Ok(json!({
                 "cronJobs": page.jobs.iter().map(view).collect::<Vec<_>>(),
@@ -339,6 +359,7 @@ async fn runs(
 ) -> Response {
     respond(
         async {
+        let (ns, _) = authorized(&node, &headers, Scope::Read).await?;
             let Query(p) = params.map_err(super::input::query_error)?;
             let cursor = match p.cursor.as_deref() {
                 None => None,
@@ -347,7 +368,7 @@ async fn runs(
             };
             let page = node
                 .scheduler()
-                .cron_runs(&namespace(&headers)?, &id, p.limit.unwrap_or(0), cursor)
+                .cron_runs(&ns, &id, p.limit.unwrap_or(0), cursor)
                 .await?;
             Ok(json!({
                 "executions": page.executions.iter().map(|e| json::execution(e, None)).collect::<Vec<_>>(),
@@ -373,10 +394,14 @@ struct PreviewParams {
 
 async fn preview(
     State(node): State<Node>,
+    headers: HeaderMap,
     params: Result<Query<PreviewParams>, QueryRejection>,
 ) -> Response {
     respond(
         async {
+            // Touches no namespace's data: any valid key may preview.
+            let header = headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
+            node.auth().authenticate(header).await?;
             let Query(p) = params.map_err(super::input::query_error)?;
             let req = api::PreviewRequest {
                 expression: p.expression.ok_or_else(|| invalid("expression", "is required"))?,

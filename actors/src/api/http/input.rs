@@ -18,6 +18,21 @@ pub fn namespace(headers: &HeaderMap) -> Result<String, ops::Error> {
     Ok(ns.to_string())
 }
 
+/// The caller of a request (its `Authorization` API key) and the namespace it names, once the
+/// caller may act there with `scope`. Authentication comes first: a call without a valid key
+/// is 401 whatever else is wrong with it.
+pub async fn authorized(
+    node: &crate::Node,
+    headers: &HeaderMap,
+    scope: crate::auth::Scope,
+) -> Result<(String, crate::auth::Principal), ops::Error> {
+    let header = headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
+    let caller = node.auth().authenticate(header).await?;
+    let ns = namespace(headers)?;
+    caller.allow(&ns, scope)?;
+    Ok((ns, caller))
+}
+
 /// A JSON object body as `T`. Not JSON or not an object: field `body`; a field of the wrong
 /// type or value: that field (dotted path); an unknown or missing field: its name.
 pub fn json_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ops::Error> {

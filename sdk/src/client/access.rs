@@ -1,0 +1,63 @@
+//! API keys, the audit log, the caller and a namespace's limits (`AdminService`).
+
+use kairos_proto::v1::*;
+
+use super::{Client, Error};
+
+impl Client {
+    /// Creates an API key of `namespace` (`*`: every namespace) with `scopes` (submit, read,
+    /// worker, definitions, admin). The token (`kai_…`) is returned once and never again.
+    pub async fn create_api_key(
+        &self,
+        namespace: &str,
+        scopes: &[String],
+        name: &str,
+    ) -> Result<CreateApiKeyResponse, Error> {
+        let req = CreateApiKeyRequest {
+            namespace: namespace.to_string(),
+            scopes: scopes.to_vec(),
+            name: name.to_string(),
+        };
+        self.call(self.timeout, self.admin().create_api_key(req)).await
+    }
+
+    /// API keys (revoked ones too) of `namespace`, or every key the caller administers.
+    pub async fn list_api_keys(&self, namespace: Option<&str>) -> Result<Vec<ApiKey>, Error> {
+        let req = ListApiKeysRequest { namespace: namespace.unwrap_or_default().to_string() };
+        Ok(self.call(self.timeout, self.admin().list_api_keys(req)).await?.keys)
+    }
+
+    /// Revokes an API key, for good.
+    pub async fn revoke_api_key(&self, id: &str) -> Result<ApiKey, Error> {
+        let req = RevokeApiKeyRequest { id: id.to_string() };
+        let r = self.call(self.timeout, self.admin().revoke_api_key(req)).await?;
+        r.key.ok_or_else(|| Error::Invalid("the node returned no key".into()))
+    }
+
+    /// The client's namespace's audit log (or `namespace` when given, e.g. `*`) from
+    /// `from_ms` on, oldest first.
+    pub async fn audit_log(
+        &self,
+        namespace: Option<&str>,
+        from_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<AuditEntry>, Error> {
+        let req = AuditLogRequest {
+            namespace: namespace.unwrap_or(&self.namespace).to_string(),
+            from_ms,
+            limit,
+        };
+        Ok(self.call(self.timeout, self.admin().audit_log(req)).await?.entries)
+    }
+
+    /// Who the node takes this client for.
+    pub async fn who_am_i(&self) -> Result<WhoAmIResponse, Error> {
+        self.call(self.timeout, self.admin().who_am_i(Empty {})).await
+    }
+
+    /// The client's namespace's quotas, retention and pending executions.
+    pub async fn limits(&self) -> Result<LimitsResponse, Error> {
+        let req = LimitsRequest { namespace: self.namespace.clone() };
+        self.call(self.timeout, self.admin().limits(req)).await
+    }
+}

@@ -13,8 +13,8 @@ use crate::Client;
 use kairos_proto::v1::{Definition, Execution, ExecutionStatus};
 use serde_json::{Value, json};
 
-pub mod args;
 mod access;
+pub mod args;
 mod console;
 mod cron;
 
@@ -464,8 +464,6 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
                 Err(e) => report(&o, Err(Failure::Client(e))),
             }
         }),
-        Command::Console => {
-            rt.block_on(console::run(&cli.endpoint, cli.api_key, cli.namespace, o))
-        }
+        Command::Console => rt.block_on(console::run(&cli.endpoint, cli.api_key, cli.namespace, o)),
     }
 }

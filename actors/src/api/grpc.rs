@@ -864,7 +864,10 @@ impl AdminService for Api {
     ) -> Reply<CreateApiKeyResponse> {
         let ns = req.get_ref().namespace.clone();
         if ns.is_empty() {
-            return Err(status(&invalid("namespace", "is required: a namespace, or * for every one")));
+            return Err(status(&invalid(
+                "namespace",
+                "is required: a namespace, or * for every one",
+            )));
         }
         let caller = self.authorize(&req, &ns, Scope::Admin).await?;
         let r = req.into_inner();
@@ -896,9 +899,8 @@ impl AdminService for Api {
         let caller = self.principal(&req).await?;
         let id = req.into_inner().id;
         let sched = self.node.scheduler();
-        let not_found = || {
-            status(&ops::Error::NotFound { what: "API key", id: ops::error::shown(&id) })
-        };
+        let not_found =
+            || status(&ops::Error::NotFound { what: "API key", id: ops::error::shown(&id) });
         // A key the caller does not administer is "not found" (not a hint that it exists).
         let key = sched.api_key(&id).await.map_err(|e| status(&e))?.ok_or_else(not_found)?;
         if caller.allow(&key.namespace, Scope::Admin).is_err() {

@@ -290,9 +290,7 @@ async fn get_definition(
         let Query(p) = params.map_err(query_error)?;
         // 0 is the latest, as over gRPC.
         let version = p.version.filter(|v| *v != 0);
-        node.scheduler()
-            .get_definition(&ns, &name, version)
-            .await
+        node.scheduler().get_definition(&ns, &name, version).await
     }
     .await;
     match r {

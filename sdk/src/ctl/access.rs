@@ -120,7 +120,11 @@ pub(super) async fn limits(client: &Client, o: &Opts) -> Result<String, Failure>
         vec!["pending executions".into(), format!("{} of {}", l.pending, none(l.pending_max))],
         vec![
             "retention of finished executions".into(),
-            if l.retention_days == 0 { "forever".into() } else { format!("{} days", l.retention_days) },
+            if l.retention_days == 0 {
+                "forever".into()
+            } else {
+                format!("{} days", l.retention_days)
+            },
         ],
         vec!["inputs".into(), format!("{} bytes", l.input_bytes_max)],
         vec!["outputs".into(), format!("{} bytes", l.output_bytes_max)],

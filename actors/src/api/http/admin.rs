@@ -146,8 +146,9 @@ async fn revoke_key(
 ) -> Response {
     let api = Api::new(node);
     match api.revoke_api_key(request(&headers, api::RevokeApiKeyRequest { id })).await {
-        Ok(r) => Json(r.into_inner().key.as_ref().map(key_view).unwrap_or(Value::Null))
-            .into_response(),
+        Ok(r) => {
+            Json(r.into_inner().key.as_ref().map(key_view).unwrap_or(Value::Null)).into_response()
+        }
         Err(s) => status_response(&s),
     }
 }

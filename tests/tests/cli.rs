@@ -421,3 +421,111 @@ fn the_console_on_a_terminal_edits_and_keeps_history() {
     let saved = std::fs::read_to_string(&history).unwrap_or_default();
     assert!(saved.contains("nodes"), "history saved: {saved:?}");
 }
+
+/// `kairos serve` requires API keys: with none in the store it writes a first admin key to
+/// `DATA_DIR/admin-key` (mode 0600); `kairosctl` without a key exits 7; with it, keys are
+/// created per namespace and a worker key cannot submit; `kairos dev` says authentication is
+/// off.
+#[test]
+fn serve_requires_keys_and_kairosctl_manages_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let log = dir.path().join("serve.out");
+    let child = Command::new(KAIROS)
+        .args(["serve", "--data-dir", dir.path().to_str().unwrap(), "--log", "warn"])
+        .args(["--listen-http", &format!("127.0.0.1:{http}")])
+        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kairos starts");
+    let _node = Killed(child);
+    let key_file = dir.path().join("admin-key");
+    let t = Instant::now();
+    while !key_file.exists() || std::fs::read_to_string(&key_file).unwrap().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no admin key written");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "only its owner may read the admin key");
+    }
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(out.contains("admin-key"), "{out}");
+    let root = std::fs::read_to_string(&key_file).unwrap().trim().to_string();
+    let endpoint = format!("http://127.0.0.1:{grpc}");
+    let e = ["--endpoint", endpoint.as_str()];
+
+    let r = ctl(&[&e[..], &["list"]].concat());
+    assert_eq!(r.code, 7, "no key: not allowed\n{}", r.stderr);
+    assert!(r.stderr.contains("API key"), "{}", r.stderr);
+    let (status, _) = kairos_tests::http_request(http, "GET", "/executions", &[], b"").unwrap();
+    assert_eq!(status, 401);
+
+    let as_root =
+        |args: &[&str]| run(KAIROSCTL, &[&e[..], args].concat(), &[("KAIROS_API_KEY", &root)]);
+    let r = as_root(&[
+        "--json", "keys", "create", "--for", "team-a", "--scope", "worker", "--name", "w",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let worker_key = json_of(&r.stdout)["token"].as_str().unwrap().to_string();
+    let r = as_root(&["keys", "create", "--for", "team-a", "--scope", "submit,read,definitions"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let submit_key = r.stdout.lines().find(|l| l.starts_with("kai_")).unwrap().to_string();
+    let r = as_root(&["keys", "list"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("team-a") && r.stdout.contains("bootstrap"), "{}", r.stdout);
+
+    let file = dir.path().join("echo.yaml");
+    std::fs::write(&file, ECHO).unwrap();
+    let team = |key: &str, args: &[&str]| {
+        run(KAIROSCTL, &[&e[..], &["--namespace", "team-a", "--api-key", key], args].concat(), &[])
+    };
+    let r = team(&submit_key, &["definitions", "apply", file.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = team(&worker_key, &["submit", "registry://jobs/echo", "1", "--after", "60"]);
+    assert_eq!(r.code, 7, "a worker key cannot submit\n{}", r.stderr);
+    assert!(r.stderr.contains("`submit`"), "{}", r.stderr);
+    let r = team(
+        &submit_key,
+        &["submit", "registry://jobs/echo", "1", "--after", "60", "--inputs", r#"{"name": "x"}"#],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = team(&submit_key, &["whoami"]);
+    assert!(r.stdout.contains("namespace team-a"), "{}", r.stdout);
+    let r = team(&submit_key, &["limits"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("7 days"), "{}", r.stdout);
+    let r = as_root(&["--namespace", "team-a", "audit"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("definition.register"), "{}", r.stdout);
+}
+
+#[test]
+fn dev_says_authentication_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let err = dir.path().join("dev.err");
+    let child = Command::new(KAIROS)
+        .args(["dev", "--data-dir", dir.path().to_str().unwrap()])
+        .args(["--listen-http", &format!("127.0.0.1:{http}")])
+        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("kairos starts");
+    let _node = Killed(child);
+    let t = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&err).unwrap_or_default();
+        if text.contains("authentication is OFF") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no warning: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, _) = kairos_tests::http_request(http, "GET", "/executions", &[], b"").unwrap();
+    assert_eq!(status, 200, "no key needed");
+}

@@ -280,7 +280,7 @@ async fn cancel_before_fire_prevents_dispatch() {
     wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
     let keep = node.submit(submit_at(c.now() + 1_000, 1)).await.unwrap().execution.id;
     let cancel = node.submit(submit_at(c.now() + 1_000, 2)).await.unwrap().execution.id;
-    node.cancel(NS, &cancel).await.unwrap();
+    node.cancel(NS, &cancel, "test").await.unwrap();
     let started = run_worker(node.clone(), "w", 1).await;
     assert!(started.contains_key(&keep));
     tokio::time::sleep(Duration::from_secs(5)).await;

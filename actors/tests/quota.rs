@@ -123,7 +123,7 @@ async fn a_namespace_at_its_cap_gets_429_with_a_retry_after() {
         })
         .await
         .unwrap();
-    node.cancel("capped", &list.executions[0].id).await.unwrap();
+    node.cancel("capped", &list.executions[0].id, "test").await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     node.submit(req("capped")).await.unwrap();
     assert!(node.submit(req("capped")).await.is_err());

@@ -170,6 +170,32 @@ pub fn quarantined(q: &storage::QuarantineRecord) -> api::QuarantinedRecord {
     }
 }
 
+/// An API key (never its secret).
+pub fn api_key(k: &storage::ApiKey) -> api::ApiKey {
+    api::ApiKey {
+        id: k.id.clone(),
+        namespace: k.namespace.clone(),
+        scopes: k.scopes.clone(),
+        name: k.name.clone(),
+        created_at_ms: k.created_at_ms,
+        created_by: k.created_by.clone(),
+        revoked_at_ms: k.revoked_at_ms,
+        revoked_by: k.revoked_by.clone(),
+    }
+}
+
+/// An audit record.
+pub fn audit(a: &storage::AuditRecord) -> api::AuditEntry {
+    api::AuditEntry {
+        namespace: a.namespace.clone(),
+        at_ms: a.at_ms,
+        who: a.who.clone(),
+        action: a.action.clone(),
+        target: a.target.clone(),
+        detail: a.detail.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,31 +231,5 @@ mod tests {
         let bytes = prost::Message::encode_to_vec(&v);
         assert!(!bytes.windows(16).any(|w| w == [9; 16]), "fingerprint leaked");
         assert_eq!(v.definition_uri, "registry://jobs/d");
-    }
-}
-
-/// An API key (never its secret).
-pub fn api_key(k: &storage::ApiKey) -> api::ApiKey {
-    api::ApiKey {
-        id: k.id.clone(),
-        namespace: k.namespace.clone(),
-        scopes: k.scopes.clone(),
-        name: k.name.clone(),
-        created_at_ms: k.created_at_ms,
-        created_by: k.created_by.clone(),
-        revoked_at_ms: k.revoked_at_ms,
-        revoked_by: k.revoked_by.clone(),
-    }
-}
-
-/// An audit record.
-pub fn audit(a: &storage::AuditRecord) -> api::AuditEntry {
-    api::AuditEntry {
-        namespace: a.namespace.clone(),
-        at_ms: a.at_ms,
-        who: a.who.clone(),
-        action: a.action.clone(),
-        target: a.target.clone(),
-        detail: a.detail.clone(),
     }
 }

@@ -118,6 +118,9 @@ pub struct NodeConfig {
     pub retention_days: u32,
     /// `{namespace: days}`: retention for these namespaces instead of `retention_days`.
     pub namespace_retention_days: BTreeMap<String, u32>,
+    /// Days audit records (definition registrations, key changes, cancels, replays) are kept;
+    /// 0 keeps them forever.
+    pub audit_retention_days: u32,
     /// How often the retention sweeper looks for what is due (on the node owning shard 0).
     pub retention_sweep_ms: u64,
     /// Per-namespace limits ([`Quotas`]); none by default.
@@ -168,6 +171,7 @@ impl Default for NodeConfig {
             queue_concurrency: BTreeMap::new(),
             retention_days: 7,
             namespace_retention_days: BTreeMap::new(),
+            audit_retention_days: 90,
             retention_sweep_ms: 60_000,
             quotas: Quotas::default(),
             log: "info".into(),
@@ -272,6 +276,7 @@ impl NodeConfig {
             "log" => self.log = value.to_string(),
             "retention_days" => self.retention_days = num32(value)?,
             "retention_sweep_ms" => self.retention_sweep_ms = num(value)?,
+            "audit_retention_days" => self.audit_retention_days = num32(value)?,
             "otlp_endpoint" => self.otlp_endpoint = Some(value.to_string()),
             "log_format" => {
                 self.log_format = match value {

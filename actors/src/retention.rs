@@ -59,5 +59,44 @@ pub async fn sweep(ctx: &Ctx) -> u64 {
     if deleted > 0 {
         tracing::info!(deleted, "retention: terminal executions past their retention deleted");
     }
+    sweep_audit(ctx, now).await;
+    deleted
+}
+
+/// Deletes audit records older than `audit_retention_days` (0 keeps them).
+async fn sweep_audit(ctx: &Ctx, now: i64) -> u64 {
+    let days = ctx.config.audit_retention_days;
+    if days == 0 {
+        return 0;
+    }
+    let before = now.saturating_sub(i64::from(days) * DAY_MS);
+    let namespaces = match ctx.sched.audit_namespaces().await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "retention: listing audit namespaces failed");
+            return 0;
+        }
+    };
+    let mut deleted = 0;
+    for ns in namespaces {
+        loop {
+            match ctx.sched.sweep_audit(&ns, before, SWEEP_BATCH_MAX).await {
+                Ok(n) => {
+                    deleted += n;
+                    if n < SWEEP_BATCH_MAX as u64 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "audit retention sweep failed; next round retries");
+                    break;
+                }
+            }
+            ctx.clock.sleep(BETWEEN_BATCHES).await;
+        }
+    }
+    if deleted > 0 {
+        tracing::info!(deleted, "retention: audit records past audit_retention_days deleted");
+    }
     deleted
 }

@@ -326,6 +326,9 @@ async fn every_answer_is_one_the_description_gives() {
         .fail("default", &failed, claimed.attempt.fencing_token, no_retry)
         .await
         .unwrap();
+    let key =
+        node.scheduler().create_api_key("default", &["read".into()], "k", "test").await.unwrap();
+    let revoke = format!("/admin/keys/{}", key.key.id);
     let e = format!("/executions/{id}");
     let calls = vec![
         Call::new("POST", "/executions", "/executions").body(submit.clone()),
@@ -360,6 +363,13 @@ async fn every_answer_is_one_the_description_gives() {
             .query("expression", "30 2 * * *")
             .query("timezone", "America/New_York"),
         Call::new("DELETE", "/cron-jobs/{cronJobId}", "/cron-jobs/nightly"),
+        Call::new("GET", "/whoami", "/whoami"),
+        Call::new("GET", "/limits", "/limits"),
+        Call::new("GET", "/audit", "/audit").query("limit", "10"),
+        Call::new("POST", "/admin/keys", "/admin/keys")
+            .body(json!({"namespace": "default", "scopes": ["read"], "name": "t"})),
+        Call::new("GET", "/admin/keys", "/admin/keys"),
+        Call::new("DELETE", "/admin/keys/{keyId}", &revoke),
     ];
     // Every operation of the description is called.
     let described: Vec<(String, String)> = spec["paths"]

@@ -123,6 +123,10 @@ pub struct NodeConfig {
     pub audit_retention_days: u32,
     /// How often the retention sweeper looks for what is due (on the node owning shard 0).
     pub retention_sweep_ms: u64,
+    /// `{namespace: weight}` (1-1000; absent: 1): how a fire batch is shared between
+    /// namespaces with due work (weighted round robin among a shard's first 4,096 due
+    /// timers), so one namespace's backlog does not hold up another's.
+    pub namespace_weights: BTreeMap<String, u32>,
     /// Per-namespace limits ([`Quotas`]); none by default.
     pub quotas: Quotas,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
@@ -173,6 +177,7 @@ impl Default for NodeConfig {
             namespace_retention_days: BTreeMap::new(),
             audit_retention_days: 90,
             retention_sweep_ms: 60_000,
+            namespace_weights: BTreeMap::new(),
             quotas: Quotas::default(),
             log: "info".into(),
             log_format: LogFormat::Text,
@@ -377,6 +382,11 @@ impl NodeConfig {
         }
         if self.retention_sweep_ms < 1_000 {
             return Err(bad("retention_sweep_ms", "must be at least 1000"));
+        }
+        if let Some((ns, _)) =
+            self.namespace_weights.iter().find(|(_, w)| !(1..=1_000).contains(*w))
+        {
+            return Err(bad(&format!("namespace_weights.{ns}"), "must be between 1 and 1000"));
         }
         if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
             return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));

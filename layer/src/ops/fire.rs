@@ -270,18 +270,27 @@ impl Scheduler {
                 break;
             }
             let left = limit - rows.len();
-            let range = self.ks.timers_due(bucket, shard, now_ms).limit(left + 1);
-            let mut got = tx.get_range(&range, false).await?;
-            let full = got.len() > left;
-            got.truncate(left);
-            rows.extend(got);
-            if full {
+            // A snapshot read of up to FAIR_SCAN_ROWS due timers, of which `left` are taken,
+            // shared between namespaces; each one taken gets a read conflict.
+            let scan = FAIR_SCAN_ROWS.max(left);
+            let range = self.ks.timers_due(bucket, shard, now_ms).limit(scan + 1);
+            let mut got = tx.get_range(&range, true).await?;
+            let cut = got.len() > scan;
+            got.truncate(scan);
+            let (picked, skipped) = fair_pick(got, left, &self.fire_weights);
+            for kv in &picked {
+                tx.add_read_conflict_key(&kv.key)?;
+            }
+            rows.extend(picked);
+            if cut || skipped {
                 out.more = true;
                 break;
             }
             // Every timer of a past bucket is due (later ones land in later buckets), so a
-            // past bucket is now empty and the watermark may pass it.
+            // past bucket is now empty and the watermark may pass it: the whole bucket is a
+            // read conflict then (a timer written there meanwhile keeps it from passing).
             if bucket < now_bucket {
+                tx.add_read_conflict_range(&range.begin, &range.end)?;
                 out.watermark = bucket + 1;
             }
             bucket += 1;
@@ -537,6 +546,70 @@ impl Scheduler {
 }
 
 /// The event a DUE or RETRY timer applies.
+/// Due timers one fire transaction looks at (a snapshot read) to share its batch between
+/// namespaces: a namespace with timers among the first `FAIR_SCAN_ROWS` due timers of a shard
+/// gets its weighted share of the batch, however many timers another namespace has ahead of
+/// it.
+pub const FAIR_SCAN_ROWS: usize = 4_096;
+
+/// Takes `n` of `rows` (in key order: earliest due first), shared between their namespaces by
+/// weighted round robin (each round, every namespace with timers left gives up to its weight,
+/// earliest first; namespaces in the order of their earliest timer). Returns the rows taken, in
+/// key order, and whether any was left.
+pub(crate) fn fair_pick(
+    rows: Vec<KeyValue>,
+    n: usize,
+    weights: &BTreeMap<String, u32>,
+) -> (Vec<KeyValue>, bool) {
+    if rows.len() <= n {
+        return (rows, false);
+    }
+    // Groups by namespace, in order of first appearance; an undecodable entry is its own
+    // group (its step quarantines it).
+    let mut order: Vec<String> = Vec::new();
+    let mut groups: BTreeMap<String, std::collections::VecDeque<usize>> = BTreeMap::new();
+    for (i, kv) in rows.iter().enumerate() {
+        let ns = decode::<TimerEntry>("timer", &kv.value).map(|e| e.namespace).unwrap_or_default();
+        let g = groups.entry(ns.clone()).or_default();
+        if g.is_empty() && !order.contains(&ns) {
+            order.push(ns);
+        }
+        g.push_back(i);
+    }
+    if order.len() == 1 {
+        let mut rows = rows;
+        rows.truncate(n);
+        return (rows, true);
+    }
+    let mut taken: Vec<usize> = Vec::with_capacity(n);
+    while taken.len() < n {
+        let before = taken.len();
+        for ns in &order {
+            let w = weights.get(ns).copied().unwrap_or(1).max(1) as usize;
+            let g = groups.get_mut(ns).expect("a group per namespace");
+            for _ in 0..w {
+                if taken.len() == n {
+                    break;
+                }
+                match g.pop_front() {
+                    Some(i) => taken.push(i),
+                    None => break,
+                }
+            }
+        }
+        if taken.len() == before {
+            break;
+        }
+    }
+    taken.sort_unstable();
+    let mut keep = vec![false; rows.len()];
+    for i in &taken {
+        keep[*i] = true;
+    }
+    let picked = rows.into_iter().zip(keep).filter_map(|(kv, k)| k.then_some(kv)).collect();
+    (picked, true)
+}
+
 fn fire_event(t: &TimerKey) -> ExecutionEvent {
     if t.kind == TimerKind::Due as i32 { ExecutionEvent::Fire } else { ExecutionEvent::RetryDue }
 }

@@ -75,6 +75,8 @@ pub struct Scheduler {
     pub(crate) config: ClusterConfig,
     pub(crate) clock: SharedClock,
     pub(crate) rng: Rng,
+    /// Weights of namespaces sharing a fire batch (absent: 1); see [`fire`].
+    pub(crate) fire_weights: std::sync::Arc<std::collections::BTreeMap<String, u32>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -149,7 +151,17 @@ impl Scheduler {
             )));
         }
         let ks = ks.with_shards(config.shard_count);
-        Ok(Scheduler { db, ks, config, clock, rng })
+        Ok(Scheduler { db, ks, config, clock, rng, fire_weights: Default::default() })
+    }
+
+    /// The same scheduler, sharing each fire batch between namespaces by these weights (a
+    /// namespace not named weighs 1).
+    pub fn with_namespace_weights(
+        mut self,
+        weights: std::collections::BTreeMap<String, u32>,
+    ) -> Self {
+        self.fire_weights = std::sync::Arc::new(weights);
+        self
     }
 
     /// The cluster's fixed configuration.

@@ -85,10 +85,9 @@ impl Node {
             bucket_width_ms: config.bucket_width_ms,
             ready_partitions: config.ready_partitions(),
         };
-        let sched =
-            Scheduler::open(db, Keyspace::new(&config.cluster), clock.clone(), rng, params)
-                .await?
-                .with_namespace_weights(config.namespace_weights.clone());
+        let sched = Scheduler::open(db, Keyspace::new(&config.cluster), clock.clone(), rng, params)
+            .await?
+            .with_namespace_weights(config.namespace_weights.clone());
         let slot: crate::cron_client::NodeSlot = Arc::default();
         let cron = crate::cron_owner::CronCtx {
             executions: crate::cron_client::SdkExecutions(crate::cron_client::in_process_client(

@@ -51,6 +51,11 @@ pub enum Command {
     /// fire again, duplicates.
     #[command(alias = "S5")]
     S5(Args),
+    /// Fairness: workers in two namespaces; bench-b trickles --trickle/s (baseline alone), then
+    /// bench-a floods --count due at one instant while bench-b trickles on: bench-b's lateness
+    /// during the flood against its baseline.
+    #[command(alias = "S6")]
+    S6(Args),
     /// A worker process of the generator (spawned by it).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -65,6 +70,7 @@ impl Command {
             Command::S3(a) => (Scenario::S3, a),
             Command::S4(a) => (Scenario::S4, a),
             Command::S5(a) => (Scenario::S5, a),
+            Command::S6(a) => (Scenario::S6, a),
             Command::Worker(w) => return Err(w),
         };
         a.scenario = scenario;
@@ -86,6 +92,8 @@ pub enum Scenario {
     S4,
     /// Recovery.
     S5,
+    /// Fairness.
+    S6,
 }
 
 impl Scenario {
@@ -97,6 +105,7 @@ impl Scenario {
             Scenario::S3 => "s3",
             Scenario::S4 => "s4",
             Scenario::S5 => "s5",
+            Scenario::S6 => "s6",
         }
     }
 }
@@ -165,6 +174,9 @@ pub struct Args {
     /// s4: executions stored 1-30 days ahead: 10000000 (quick 20000).
     #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Sizes")]
     preload: Option<u64>,
+    /// s6: executions per second the second namespace submits.
+    #[arg(long, value_name = "N", default_value = "10", value_parser = positive, help_heading = "Sizes")]
+    pub trickle: u64,
     /// s5: fraction of the burst started before the SIGKILL.
     #[arg(long, value_name = "F", default_value = "0.3", value_parser = fraction, help_heading = "Sizes")]
     pub kill_at: f64,
@@ -188,6 +200,9 @@ pub struct WorkerArgs {
     /// The queue.
     #[arg(long, default_value = "bench")]
     pub queue: String,
+    /// The namespace.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
     /// Concurrent tasks.
     #[arg(long, value_name = "N", default_value = "50", value_parser = positive_usize)]
     pub slots: usize,

@@ -1,15 +1,16 @@
-//! `kairosctl bench <s1|s2|s3|s4|s5>`: the load generator (see docs/load-generator.md).
+//! `kairosctl bench <s1|s2|s3|s4|s5|s6>`: the load generator (see docs/load-generator.md).
 //!
 //! Everything goes through the public gRPC API, with the node, the workers and the generator
 //! in separate processes: by default the bench spawns `kairos dev` on a fresh data dir and
 //! free ports ([`node`]), registers its own no-op definition, spawns `--workers` processes of
 //! itself (`kairosctl bench worker`, [`workers`]) whose handlers report each start on stdout,
 //! submits ([`submit`]) and matches starts against submissions ([`track`]). The scenarios live
-//! in [`throughput`] (s1), [`burst`] (s2, s5) and [`precision`] (s3, s4); [`stats`] prints
+//! in [`throughput`] (s1), [`burst`] (s2, s5), [`precision`] (s3, s4) and [`fairness`] (s6); [`stats`] prints
 //! the table and the final JSON line.
 
 pub mod args;
 mod burst;
+mod fairness;
 mod node;
 mod precision;
 mod progress;
@@ -204,6 +205,7 @@ impl Env {
                 a.slots,
                 a.threads,
                 &self.node.endpoint(),
+                "default",
                 &self.dir,
                 self.tracker.clone(),
             )
@@ -356,6 +358,7 @@ async fn run(args: Args) -> i32 {
         Scenario::S3 => precision::run_s3(&mut env).await,
         Scenario::S4 => precision::run_s4(&mut env).await,
         Scenario::S5 => burst::run(&mut env, true).await,
+        Scenario::S6 => fairness::run(&mut env).await,
     };
     env.shutdown().await;
     let report = match result {

@@ -71,7 +71,7 @@ async fn writer(mut rx: mpsc::UnboundedReceiver<Out>) {
 /// `kairosctl bench worker …`: runs until stdin closes; returns the exit code.
 pub async fn worker_main(w: WorkerArgs) -> i32 {
     let client = match Client::connect(&w.endpoint).await {
-        Ok(c) => c,
+        Ok(c) => c.with_namespace(w.namespace.clone()),
         Err(e) => {
             eprintln!("bench worker {}: {e}", w.id);
             return 1;
@@ -126,12 +126,15 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Spawns `n` workers of `slots` each against `endpoint`; waits until each has connected.
+    /// Spawns `n` workers of `slots` each against `endpoint`, serving `namespace`; waits until
+    /// each has connected.
+    #[allow(clippy::too_many_arguments)]
     pub async fn spawn(
         n: usize,
         slots: usize,
         threads: usize,
         endpoint: &str,
+        namespace: &str,
         dir: &WorkDir,
         tracker: Shared,
     ) -> Result<Pool> {
@@ -144,10 +147,11 @@ impl Pool {
             logs: Vec::new(),
         };
         for i in 0..n {
-            let (log, path) = dir.log(&format!("worker-{i}.log"))?;
-            let id = format!("bench-w{i}-{}", std::process::id());
+            let (log, path) = dir.log(&format!("worker-{namespace}-{i}.log"))?;
+            let id = format!("bench-w{i}-{namespace}-{}", std::process::id());
             let mut child = Command::new(&exe)
                 .args(["bench", "worker", "--endpoint", endpoint, "--queue", QUEUE])
+                .args(["--namespace", namespace])
                 .args([
                     "--slots",
                     &slots.to_string(),

@@ -14,6 +14,8 @@ use tonic::transport::{Channel, Endpoint};
 mod access;
 mod cron;
 
+pub use crate::tls::Tls;
+
 /// A client error.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
@@ -35,6 +37,17 @@ pub enum Error {
     /// Bad input detected before sending.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// An error with its causes (tonic's own message is just "transport error").
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut reason = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        reason.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    reason
 }
 
 fn code_name(c: tonic::Code) -> String {
@@ -98,11 +111,33 @@ pub struct Client {
 pub type Submitted = SubmitResponse;
 
 impl Client {
-    /// Connects to a node's gRPC endpoint (`http://host:port`): a 5 s time-out per try, 3
-    /// tries with back-off. Later calls reconnect by themselves if the node restarts.
+    /// Connects to a node's gRPC endpoint (`http://host:port`, or `https://host:port`
+    /// verified against the webpki roots): a 5 s time-out per try, 3 tries with back-off.
+    /// Later calls reconnect by themselves if the node restarts.
     pub async fn connect(endpoint: &str) -> Result<Client, Error> {
-        let ep = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| Error::Invalid(format!("endpoint {endpoint:?}: {e}")))?
+        Client::connect_tls(endpoint, &Tls::default()).await
+    }
+
+    /// [`connect`](Self::connect) with TLS options (a CA of your own, a client certificate),
+    /// which need an `https://` endpoint.
+    pub async fn connect_tls(endpoint: &str, tls: &Tls) -> Result<Client, Error> {
+        let mut ep = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| Error::Invalid(format!("endpoint {endpoint:?}: {e}")))?;
+        match ep.uri().scheme_str() {
+            Some("https") => {
+                ep = ep.tls_config(tls.client_config()?).map_err(|e| {
+                    Error::Invalid(format!("TLS towards {endpoint}: {}", causes(&e)))
+                })?;
+            }
+            _ if tls.is_set() => {
+                return Err(Error::Invalid(format!(
+                    "TLS options (a CA or client certificate) need an https:// endpoint, not \
+                     {endpoint}"
+                )));
+            }
+            _ => {}
+        }
+        let ep = ep
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             // A half-open connection (its peer gone without a reset, packets dropped) would
@@ -119,13 +154,7 @@ impl Client {
                     tokio::time::sleep(Duration::from_millis(200 << tries)).await;
                 }
                 Err(e) => {
-                    // tonic's own message is just "transport error": add its causes.
-                    let mut reason = e.to_string();
-                    let mut cause = std::error::Error::source(&e);
-                    while let Some(c) = cause {
-                        reason.push_str(&format!(": {c}"));
-                        cause = c.source();
-                    }
+                    let reason = causes(&e);
                     return Err(Error::Connect { endpoint: endpoint.to_string(), reason });
                 }
             }

@@ -247,6 +247,7 @@ async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
             },
             // A setting that cannot work (an unreadable file): no point in retrying.
             Err(e @ kairos_sdk::Error::Invalid(_)) => return Err(e.into()),
+            Err(e) if e.is_tls_failure() => return Err(e.into()),
             Err(e) if tries < 60 => {
                 if tries == 0 {
                     eprintln!("kairos worker: {e}; retrying for up to 30 s");

@@ -305,17 +305,39 @@ pub fn accept(
             let acceptor = TlsAcceptor::from(config());
             let tx = tx.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                let handshake = acceptor.accept(tcp).into_fallible();
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                     Ok(Ok(tls)) => {
                         let _ = tx.send((tls, peer)).await;
                     }
-                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),
+                    Ok(Err((e, tcp))) => {
+                        tracing::info!(%peer, error = %e, "TLS handshake refused");
+                        linger(tcp).await;
+                    }
                     Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
                 }
             });
         }
     });
     rx
+}
+
+/// Closes a refused connection so that the client reads the alert saying why: a TLS 1.3
+/// client has already sent its first request when its certificate is refused, and closing a
+/// socket with unread data resets it, which may discard the alert before the client reads it.
+/// So: end our side, then read what the client sent until it closes (at most a second).
+async fn linger(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let drain = async {
+        let _ = tcp.shutdown().await;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = tcp.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// A TLS listener for axum: connections whose handshake is done.

@@ -20,7 +20,7 @@ pub use crate::tls::Tls;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The server answered with an error status (its message names the field at fault).
-    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    #[error("{}", status_text(.0))]
     Status(tonic::Status),
     /// The server could not be reached.
     #[error("cannot reach {endpoint}: {reason}")]
@@ -50,6 +50,16 @@ fn causes(e: &(dyn std::error::Error + 'static)) -> String {
     reason
 }
 
+fn status_text(s: &tonic::Status) -> String {
+    let mut text = format!("{}: {}", code_name(s.code()), s.message());
+    // A status made on this side from a broken connection carries its causes (e.g. the
+    // node's TLS alert refusing this client's certificate): show them.
+    if let Some(cause) = std::error::Error::source(s) {
+        text.push_str(&format!(": {}", causes(cause)));
+    }
+    text
+}
+
 fn code_name(c: tonic::Code) -> String {
     format!("{c:?}")
 }
@@ -63,6 +73,14 @@ impl Error {
             Error::Timeout(_) => tonic::Code::DeadlineExceeded,
             Error::Invalid(_) => tonic::Code::InvalidArgument,
         }
+    }
+
+    /// Whether TLS failed in a way retrying does not mend: the node refused this client's
+    /// certificate (none given, or one its client CA did not sign), or this client does not
+    /// trust the node's certificate.
+    pub fn is_tls_failure(&self) -> bool {
+        let text = self.to_string();
+        text.contains("received fatal alert") || text.contains("invalid peer certificate")
     }
 
     /// Whether retrying the same request may succeed: the node was unreachable, did not

@@ -4,7 +4,7 @@
 //! runs tasks), certificate files replaced while the node runs and served to new connections;
 //! then the real binaries: `kairos dev` with TLS flags, `kairosctl` and `kairos worker` over
 //! `https://` with `--ca-cert`, `--client-cert`, `--client-key` (and their environment
-//! variables).
+//! variables), a reload on SIGHUP, and `kairos serve` requiring API keys over TLS.
 #![allow(clippy::disallowed_methods)] // real time, real processes
 
 use std::net::SocketAddr;
@@ -480,4 +480,59 @@ async fn the_binaries_over_https_with_mutual_tls() {
     assert_eq!(presented(http_addr, &ca.pem(), b"http/1.1").await.unwrap(), renewed.der);
     let (code, _, err) = ctl(&["--endpoint", &endpoint, "definitions", "list"], &env);
     assert_eq!(code, 0, "{err}");
+}
+
+/// TLS and API keys together: `kairos serve` (keys required) over TLS; `kairosctl` with
+/// `--ca-cert` and the key, HTTPS with a bearer token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new("kairos test CA");
+    let ca_file = ca.write(d, "ca.pem");
+    let (node_cert, node_key) = ca.server("node").write(d, "node");
+    let (http, grpc) = (free_port(), free_port());
+    let data = d.join("data");
+    let _node = Killed(
+        Command::new(KAIROS)
+            .args(["serve", "--data-dir", data.to_str().unwrap(), "--log", "warn"])
+            .args(["--listen-http", &format!("127.0.0.1:{http}")])
+            .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+            .env("KAIROS_TLS_CERT_FILE", &node_cert)
+            .env("KAIROS_TLS_KEY_FILE", &node_key)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let key_file = data.join("admin-key");
+    let t = Instant::now();
+    while std::fs::read_to_string(&key_file).map_or(true, |k| k.trim().is_empty()) {
+        assert!(t.elapsed() < Duration::from_secs(30), "no admin key written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let key = std::fs::read_to_string(&key_file).unwrap().trim().to_string();
+    let endpoint = format!("https://127.0.0.1:{grpc}");
+    let ca_s = ca_file.to_str().unwrap();
+    let (code, _, err) = ctl(
+        &["--endpoint", &endpoint, "--ca-cert", ca_s, "--api-key", &key, "definitions", "list"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) =
+        ctl(&["--endpoint", &endpoint, "--ca-cert", ca_s, "definitions", "list"], &[]);
+    assert_eq!(code, 7, "no key: not allowed, over TLS too\n{err}");
+
+    let http_addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
+    let mut s = handshake(http_addr, &ca.pem(), b"http/1.1", None).await.unwrap();
+    let req = format!(
+        "GET /definitions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    let r = String::from_utf8_lossy(&buf);
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let r = https_get(http_addr, &ca.pem(), "/definitions").await.unwrap();
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
 }

@@ -88,6 +88,17 @@ struct NodeArgs {
     /// gRPC API [env: KAIROS_LISTEN_GRPC] [default: 127.0.0.1:7071].
     #[arg(long, value_name = "ADDR", value_parser = clap::value_parser!(std::net::SocketAddr))]
     listen_grpc: Option<std::net::SocketAddr>,
+    /// PEM certificate chain for both listeners: TLS on (with --tls-key-file), reloaded when
+    /// the file changes [env: KAIROS_TLS_CERT_FILE] [default: plain TCP].
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<String>,
+    /// PEM private key of --tls-cert-file [env: KAIROS_TLS_KEY_FILE].
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<String>,
+    /// PEM CA: gRPC clients (workers, kairosctl) must present a certificate it signed
+    /// (mutual TLS) [env: KAIROS_TLS_CLIENT_CA_FILE].
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca_file: Option<String>,
     /// This node's id [env: KAIROS_NODE_ID] [default: kept in DIR/node-id].
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
@@ -123,7 +134,7 @@ struct WorkerArgs {
     /// The queue to serve (letters, digits and -_.:/@, as the node requires).
     #[arg(long, value_parser = |q: &str| name("queue", q))]
     queue: String,
-    /// The node's gRPC endpoint.
+    /// The node's gRPC endpoint (https://… for TLS).
     #[arg(
         long,
         env = "KAIROS_ENDPOINT",
@@ -132,6 +143,8 @@ struct WorkerArgs {
         value_name = "URL"
     )]
     endpoint: String,
+    #[command(flatten)]
+    tls: kairos_sdk::TlsArgs,
     /// The namespace.
     #[arg(
         long,
@@ -221,16 +234,20 @@ fn run_command(command: Command) -> anyhow::Result<()> {
 
 /// `kairos worker`: runs the generic executors (`command` and `http` definitions) for one queue.
 async fn worker(a: WorkerArgs) -> anyhow::Result<()> {
-    let WorkerArgs { queue, endpoint, namespace, concurrency, worker_id, api_key } = a;
+    let WorkerArgs { queue, endpoint, tls, namespace, concurrency, worker_id, api_key } = a;
+    let tls = tls.tls();
     let worker_id = worker_id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
     // Wait for the node (it may still be starting), up to 30 s.
     let mut tries = 0;
     let client = loop {
-        match kairos_sdk::Client::connect(&endpoint).await {
+        match kairos_sdk::Client::connect_tls(&endpoint, &tls).await {
             Ok(c) => match api_key.as_deref().filter(|k| !k.is_empty()) {
                 Some(k) => break c.with_api_key(k)?.with_namespace(namespace),
                 None => break c.with_namespace(namespace),
             },
+            // A setting that cannot work (an unreadable file): no point in retrying.
+            Err(e @ kairos_sdk::Error::Invalid(_)) => return Err(e.into()),
+            Err(e) if e.is_tls_failure() => return Err(e.into()),
             Err(e) if tries < 60 => {
                 if tries == 0 {
                     eprintln!("kairos worker: {e}; retrying for up to 30 s");
@@ -287,6 +304,9 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
         ("backend", a.backend.clone()),
         ("listen_http", a.listen_http.map(|v| v.to_string())),
         ("listen_grpc", a.listen_grpc.map(|v| v.to_string())),
+        ("tls_cert_file", a.tls_cert_file.clone()),
+        ("tls_key_file", a.tls_key_file.clone()),
+        ("tls_client_ca_file", a.tls_client_ca_file.clone()),
         ("node_id", a.node_id.clone()),
         ("shard_count", a.shard_count.map(|v| v.to_string())),
         ("log", a.log.clone()),
@@ -399,6 +419,11 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
     // Kept to the end of `run`: flushes exported spans.
     let _telemetry = crate::telemetry::init(&config)?;
+    // Before anything starts: a TLS file that cannot be used is a configuration error.
+    let tls = match crate::tls::TlsFiles::from_config(&config) {
+        Some(files) => Some(crate::tls::ServerTls::load(files)?),
+        None => None,
+    };
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);
@@ -406,24 +431,47 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let listen = config.listen_http;
     let listen_grpc = config.listen_grpc;
     let data_dir = config.data_dir.clone();
+    let tls_reload =
+        (config.tls_reload_ms > 0).then(|| std::time::Duration::from_millis(config.tls_reload_ms));
     let node = Node::start(config, db.clone(), clock, rng).await?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let (bound, http) = crate::api::http::serve(listen, node.clone(), stopped(shutdown_rx.clone()))
-        .await
-        .with_context(|| format!("listening on {listen}"))?;
+    let (bound, http) = crate::api::http::serve_with(
+        listen,
+        node.clone(),
+        tls.clone(),
+        stopped(shutdown_rx.clone()),
+    )
+    .await
+    .with_context(|| format!("listening on {listen}"))?;
     let (bound_grpc, grpc) = crate::api::grpc::Api::new(node.clone())
-        .serve(listen_grpc, stopped(shutdown_rx))
+        .serve_with(listen_grpc, tls.clone(), stopped(shutdown_rx))
         .await
         .with_context(|| format!("listening on {listen_grpc}"))?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
-        "kairos: node {} up — HTTP API http://{bound} (metrics at /metrics), gRPC {bound_grpc}; data in {}",
+        "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; data in {}",
         node.node_id(),
         display_dir(&data_dir)
     );
     announce_auth(&node, &data_dir, bound, bound_grpc).await?;
+    let tls_watch = tls.as_ref().map(|t| {
+        let client_auth = match &t.files().client_ca {
+            Some(ca) => format!("; gRPC clients need a certificate signed by {}", ca.display()),
+            None => String::new(),
+        };
+        let reload = match tls_reload {
+            Some(d) => format!("checked every {d:?} and on SIGHUP"),
+            None => "reloaded on SIGHUP".into(),
+        };
+        println!(
+            "kairos: TLS on both listeners with {} ({reload}){client_auth}",
+            t.files().cert.display()
+        );
+        t.watch(tls_reload)
+    });
     let mut health = node.watch_store_health();
     let failed = async move {
         let failed = health.wait_for(|h| matches!(h, StoreHealth::Failed { .. })).await;
@@ -443,6 +491,9 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
             );
         }
         _ => println!("kairos: draining…"),
+    }
+    if let Some(w) = tls_watch {
+        w.abort();
     }
     // A failed store cannot finish a drain's writes: bound the wait.
     let drain = async {

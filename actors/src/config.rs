@@ -82,6 +82,16 @@ pub struct NodeConfig {
     pub listen_http: SocketAddr,
     /// gRPC listen address: the `kairos.v1` services.
     pub listen_grpc: SocketAddr,
+    /// PEM certificate chain both listeners present (TLS is on when set; plain TCP otherwise).
+    /// Reloaded when it changes ([`crate::tls`]).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (required with it).
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificate(s): when set, the gRPC listener requires every client to present a
+    /// certificate signed by one of them (mutual TLS). Needs `tls_cert_file`.
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// How often the TLS files are checked for changes (0: only on SIGHUP).
+    pub tls_reload_ms: u64,
     /// Logical shards, fixed when the cluster is created.
     pub shard_count: u32,
     /// Timer bucket width, fixed when the cluster is created.
@@ -160,6 +170,10 @@ impl Default for NodeConfig {
             cluster: "default".into(),
             listen_http: SocketAddr::from(([127, 0, 0, 1], 7070)),
             listen_grpc: SocketAddr::from(([127, 0, 0, 1], 7071)),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
+            tls_reload_ms: 5_000,
             shard_count: 64,
             bucket_width_ms: 60_000,
             ready_partitions: 0,
@@ -209,7 +223,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 15] = [
+pub const ENV_VARS: [(&str, &str); 19] = [
     ("KAIROS_AUTH", "auth"),
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
@@ -225,6 +239,10 @@ pub const ENV_VARS: [(&str, &str); 15] = [
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
     ("KAIROS_REGION", "region"),
     ("KAIROS_PRIMARY_REGION", "primary_region"),
+    ("KAIROS_TLS_CERT_FILE", "tls_cert_file"),
+    ("KAIROS_TLS_KEY_FILE", "tls_key_file"),
+    ("KAIROS_TLS_CLIENT_CA_FILE", "tls_client_ca_file"),
+    ("KAIROS_TLS_RELOAD_MS", "tls_reload_ms"),
 ];
 
 impl NodeConfig {
@@ -242,6 +260,7 @@ impl NodeConfig {
                 bad(setting, format!("not a number between 0 and {}: {v:?}", u32::MAX))
             })
         };
+        let path = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
         match setting {
             "node_id" => self.node_id = Some(value.to_string()),
             "region" => self.region = value.to_string(),
@@ -272,6 +291,11 @@ impl NodeConfig {
                     .parse()
                     .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
             }
+            // An empty value unsets a file (so the environment can turn TLS off again).
+            "tls_cert_file" => self.tls_cert_file = path(value),
+            "tls_key_file" => self.tls_key_file = path(value),
+            "tls_client_ca_file" => self.tls_client_ca_file = path(value),
+            "tls_reload_ms" => self.tls_reload_ms = num(value)?,
             "shard_count" => self.shard_count = num32(value)?,
             "ready_partitions" => self.ready_partitions = num32(value)?,
             "cron_lookahead_ms" => self.cron_lookahead_ms = num(value)?,
@@ -388,6 +412,20 @@ impl NodeConfig {
         {
             return Err(bad(&format!("namespace_weights.{ns}"), "must be between 1 and 1000"));
         }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => return Err(bad("tls_key_file", "required with tls_cert_file")),
+            (None, Some(_)) => return Err(bad("tls_cert_file", "required with tls_key_file")),
+            _ => {}
+        }
+        if self.tls_client_ca_file.is_some() && self.tls_cert_file.is_none() {
+            return Err(bad(
+                "tls_client_ca_file",
+                "needs tls_cert_file and tls_key_file (mutual TLS is on top of TLS)",
+            ));
+        }
+        if self.tls_reload_ms != 0 && self.tls_reload_ms < 100 {
+            return Err(bad("tls_reload_ms", "must be 0 (only on SIGHUP) or at least 100"));
+        }
         if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
             return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));
         }
@@ -436,6 +474,28 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().setting, "ready_partitions");
         assert_eq!(NodeConfig { shard_count: 8, ..NodeConfig::default() }.ready_partitions(), 8);
         assert_eq!(NodeConfig::default().ready_partitions(), 16);
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs() {
+        let mut c = NodeConfig::default();
+        c.apply_env(|k| (k == "KAIROS_TLS_CERT_FILE").then(|| "/etc/kairos/node.pem".into()))
+            .unwrap();
+        assert_eq!(c.tls_cert_file, Some(PathBuf::from("/etc/kairos/node.pem")));
+        assert_eq!(c.validate().unwrap_err().setting, "tls_key_file");
+        c.set("tls_key_file", "/etc/kairos/node.key").unwrap();
+        c.validate().unwrap();
+        c.set("tls_reload_ms", "10").unwrap();
+        assert_eq!(c.validate().unwrap_err().setting, "tls_reload_ms");
+        c.set("tls_reload_ms", "0").unwrap();
+        c.validate().unwrap();
+        let c = NodeConfig::from_yaml("tls_client_ca_file: /etc/kairos/ca.pem\n").unwrap();
+        let e = c.validate().unwrap_err();
+        assert!(e.setting == "tls_client_ca_file" && e.reason.contains("tls_cert_file"), "{e}");
+        let mut c = NodeConfig::from_yaml("tls_cert_file: a.pem\ntls_key_file: a.key\n").unwrap();
+        c.set("tls_cert_file", "").unwrap();
+        assert_eq!(c.tls_cert_file, None, "an empty value turns TLS off");
+        assert_eq!(c.validate().unwrap_err().setting, "tls_cert_file");
     }
 
     #[test]

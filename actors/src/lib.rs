@@ -33,6 +33,7 @@ pub mod quota;
 pub mod retention;
 pub mod shard_owner;
 pub mod telemetry;
+pub mod tls;
 pub mod window;
 
 pub use node::Node;

@@ -455,7 +455,7 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
         }
         Command::Bench(b) => rt.block_on(crate::bench::main(b.command)),
         Command::Api(cmd) => rt.block_on(async {
-            let client = match Client::connect(&cli.endpoint).await {
+            let client = match Client::connect_tls(&cli.endpoint, &cli.tls.tls()).await {
                 Ok(c) => with_key(c, cli.api_key.as_deref()),
                 Err(e) => Err(e),
             };
@@ -464,6 +464,8 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
                 Err(e) => report(&o, Err(Failure::Client(e))),
             }
         }),
-        Command::Console => rt.block_on(console::run(&cli.endpoint, cli.api_key, cli.namespace, o)),
+        Command::Console => {
+            rt.block_on(console::run(&cli.endpoint, &cli.tls.tls(), cli.api_key, cli.namespace, o))
+        }
     }
 }

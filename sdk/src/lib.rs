@@ -20,9 +20,11 @@ pub mod bench;
 pub mod client;
 pub mod ctl;
 pub mod executors;
+pub mod tls;
 pub mod worker;
 
 pub use client::{Client, Error, SubmitBuilder, Submitted};
 pub use executors::{run_command, run_generic, run_http};
 pub use kairos_proto::v1 as api;
+pub use tls::{Tls, TlsArgs};
 pub use worker::{Handler, Task, TaskError, Worker};

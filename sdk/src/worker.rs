@@ -202,6 +202,10 @@ impl Worker {
                 Ok(Err(s)) if s.code() == tonic::Code::InvalidArgument => {
                     return Err(Error::Status(s));
                 }
+                // The node refused this worker's certificate (mutual TLS): a setting to fix.
+                Ok(Err(s)) if Error::Status(s.clone()).is_tls_failure() => {
+                    return Err(Error::Status(s));
+                }
                 Ok(Err(_)) | Err(_) => {
                     // Node restarting or unreachable: running tasks go on; try again.
                     tokio::time::sleep(backoff).await;

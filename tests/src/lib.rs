@@ -37,3 +37,82 @@ pub fn http_request(
     };
     Ok((status, body))
 }
+
+/// Certificates for the TLS tests, made on the spot.
+pub mod pki {
+    use std::path::{Path, PathBuf};
+
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+
+    /// A certificate authority.
+    pub struct Ca {
+        issuer: CertifiedIssuer<'static, KeyPair>,
+    }
+
+    /// A certificate and its key, PEM.
+    pub struct Leaf {
+        /// The certificate, PEM.
+        pub cert_pem: String,
+        /// Its private key, PEM (PKCS#8).
+        pub key_pem: String,
+        /// The certificate, DER (what a peer presents).
+        pub der: Vec<u8>,
+    }
+
+    impl Ca {
+        /// A new CA named `name`.
+        pub fn new(name: &str) -> Ca {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.distinguished_name.push(DnType::CommonName, name);
+            let issuer =
+                CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+            Ca { issuer }
+        }
+
+        /// The CA certificate, PEM.
+        pub fn pem(&self) -> String {
+            self.issuer.pem()
+        }
+
+        /// Writes the CA certificate to `dir/name`; returns the path.
+        pub fn write(&self, dir: &Path, name: &str) -> PathBuf {
+            let p = dir.join(name);
+            std::fs::write(&p, self.pem()).unwrap();
+            p
+        }
+
+        fn leaf(&self, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
+            let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+            let mut params = CertificateParams::new(sans).unwrap();
+            params.distinguished_name.push(DnType::CommonName, cn);
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            Leaf { cert_pem: cert.pem(), key_pem: key.serialize_pem(), der: cert.der().to_vec() }
+        }
+
+        /// A server certificate for `localhost` and 127.0.0.1.
+        pub fn server(&self, cn: &str) -> Leaf {
+            self.leaf(cn, &["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)
+        }
+
+        /// A client certificate.
+        pub fn client(&self, cn: &str) -> Leaf {
+            self.leaf(cn, &[], ExtendedKeyUsagePurpose::ClientAuth)
+        }
+    }
+
+    impl Leaf {
+        /// Writes `dir/{name}.pem` and `dir/{name}.key`; returns their paths.
+        pub fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+            let (c, k) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+            std::fs::write(&c, &self.cert_pem).unwrap();
+            std::fs::write(&k, &self.key_pem).unwrap();
+            (c, k)
+        }
+    }
+}

@@ -29,6 +29,7 @@ use super::errors::status;
 use crate::auth::{Principal, Scope};
 use crate::dispatcher::{PollRequest as NodePoll, SessionOpen};
 use crate::node::Node;
+use crate::tls::ServerTls;
 use tracing::Instrument as _;
 
 pub mod cron;
@@ -176,15 +177,25 @@ impl Api {
         out
     }
 
-    /// Serves the services on `addr` until `shutdown` completes.
+    /// Serves the services on `addr` (plain TCP) until `shutdown` completes.
     pub async fn serve(
         self,
         addr: SocketAddr,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+        self.serve_with(addr, None, shutdown).await
+    }
+
+    /// Serves the services on `addr` until `shutdown` completes: over TLS with `tls` (its gRPC
+    /// configuration, current at each accepted connection), plain TCP without.
+    pub async fn serve_with(
+        self,
+        addr: SocketAddr,
+        tls: Option<ServerTls>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
-        let incoming = accepted(listener);
         let router = tonic::transport::Server::builder()
             .add_service(ExecutionServiceServer::new(self.clone()))
             .add_service(WorkerServiceServer::new(self.clone()))
@@ -194,7 +205,16 @@ impl Api {
             ))
             .add_service(AdminServiceServer::new(self));
         let task = tokio::spawn(async move {
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown).await {
+            let served = match tls {
+                None => router.serve_with_incoming_shutdown(accepted(listener), shutdown).await,
+                Some(tls) => {
+                    let handshaken = crate::tls::accept(listener, move || tls.grpc_config());
+                    let incoming = tokio_stream::wrappers::ReceiverStream::new(handshaken)
+                        .map(|(io, _peer)| Ok::<_, std::io::Error>(io));
+                    router.serve_with_incoming_shutdown(incoming, shutdown).await
+                }
+            };
+            if let Err(e) = served {
                 tracing::error!(error = %e, "gRPC server failed");
             }
         });

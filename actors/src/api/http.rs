@@ -29,6 +29,7 @@ use super::errors;
 use super::json::{self, parse_rfc3339};
 use crate::auth::Scope;
 use crate::node::Node;
+use crate::tls::{HttpListener, ServerTls};
 
 mod admin;
 mod cron;
@@ -412,20 +413,44 @@ pub fn with_nodelay(
     listener.tap_io(nodelay as fn(&mut tokio::net::TcpStream))
 }
 
-/// Binds `addr` and serves until `shutdown` completes. Returns the bound address.
+/// Binds `addr` and serves (plain TCP) until `shutdown` completes. Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     node: Node,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_with(addr, node, None, shutdown).await
+}
+
+/// Binds `addr` and serves until `shutdown` completes: over TLS with `tls` (its HTTP
+/// configuration, current at each accepted connection), plain TCP without. Returns the bound
+/// address.
+pub async fn serve_with(
+    addr: SocketAddr,
+    node: Node,
+    tls: Option<ServerTls>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let app = router(node);
-    let listener = with_nodelay(listener);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-            tracing::error!(error = %e, "HTTP server failed");
+    let task = match tls {
+        None => {
+            let listener = with_nodelay(listener);
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            })
         }
-    });
+        Some(tls) => {
+            let listener = HttpListener::new(listener, tls)?;
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            })
+        }
+    };
     Ok((bound, task))
 }

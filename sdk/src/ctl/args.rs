@@ -24,7 +24,7 @@ pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 
     arg_required_else_help = true
 )]
 pub struct Cli {
-    /// The node's gRPC endpoint.
+    /// The node's gRPC endpoint (https://… for TLS).
     #[arg(
         long,
         env = "KAIROS_ENDPOINT",
@@ -33,6 +33,8 @@ pub struct Cli {
         value_name = "URL"
     )]
     pub endpoint: String,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
     /// The namespace.
     #[arg(
         long,

@@ -171,6 +171,7 @@ fn parse_line(line: &str, session_json: bool) -> Step {
 /// `help` works with the node down, and an unreachable node is reported, not fatal.
 pub(super) async fn run(
     endpoint: &str,
+    tls: &crate::Tls,
     api_key: Option<String>,
     namespace: String,
     o: Opts,
@@ -199,7 +200,7 @@ pub(super) async fn run(
                 Step::Quit => break,
                 Step::Run(lo, cmd) => {
                     if client.is_none() {
-                        let connected = Client::connect(endpoint)
+                        let connected = Client::connect_tls(endpoint, tls)
                             .await
                             .and_then(|c| super::with_key(c, api_key.as_deref()));
                         match connected {

@@ -34,6 +34,15 @@ fn regression_seed_13_watch_retry_during_region_failover() {
     );
 }
 
+/// Seed 45 once had a replay refused (FAILED_PRECONDITION) that had happened: its commit came
+/// back unknown-result though applied, and a worker claimed the execution before the retry.
+/// The checker counts a refused replay as not replayed, so the attempt bound catches it.
+#[test]
+fn regression_seed_45_replay_applied_under_an_unknown_result() {
+    let out = passes(45);
+    assert!(out.reached.contains_key("replay accepted"), "{:?}", out.reached);
+}
+
 /// Seed 437 once left 22 READY executions unclaimed for good: a worker stream reopened after
 /// the worker's pause with every slot busy (credits 0), and the node sized its queue's dispatch
 /// buffer by those opening credits, so it never claimed for the credits that came back.

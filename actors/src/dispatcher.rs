@@ -131,7 +131,11 @@ pub const POLL_LINGER: Duration = Duration::from_millis(2);
 struct Session {
     queue: QueueKey,
     tasks: TaskSender,
-    /// The worker's slots (its credits when it opened the stream).
+    /// The worker's slots as far as the node can tell: the credits it opened the stream with,
+    /// raised to the most it has held at once. A stream may open with every slot busy
+    /// (credits 0: a worker reconnecting while its tasks run) and get its slots back later as
+    /// credits; sized by its opening credits alone, its queue's dispatch buffer would aim at
+    /// nothing and never claim (simulation seed 437).
     capacity: usize,
 }
 
@@ -191,7 +195,9 @@ impl DispatcherState {
         !self.ctx.matchmaker.is_limited(q) && self.sessions.values().any(|s| &s.queue == q)
     }
 
-    /// How much `q`'s buffer aims to hold: the streams' slots, bounded.
+    /// How much `q`'s buffer aims to hold: the streams' slots, bounded. At least the credits
+    /// they hold (a session's capacity never falls below them): a target of 0 with credits
+    /// waiting would have the queue never claimed.
     fn buffer_target(&self, q: &QueueKey) -> usize {
         let slots: usize =
             self.sessions.values().filter(|s| &s.queue == q).map(|s| s.capacity).sum();
@@ -719,9 +725,11 @@ impl Actor for Dispatcher {
                 s.demand(&myself, &q);
             }
             DispatcherMsg::Credits(id, n) => {
-                if let Some(session) = s.sessions.get(&id) {
+                if let Some(session) = s.sessions.get_mut(&id) {
                     let q = session.queue.clone();
                     s.ctx.matchmaker.credit(&q, id, n);
+                    // The buffer's target covers every credit its streams hold.
+                    session.capacity = session.capacity.max(s.ctx.matchmaker.credits(&q, id));
                     s.demand(&myself, &q);
                 }
             }

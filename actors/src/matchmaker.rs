@@ -229,6 +229,12 @@ impl Matchmaker {
         }
     }
 
+    /// Credits `slot` holds now (0 if it is gone).
+    pub fn credits(&self, q: &QueueKey, slot: u64) -> usize {
+        let m = self.lock();
+        m.get(q).and_then(|queue| queue.slots.get(&slot)).map_or(0, |s| s.credits)
+    }
+
     /// Grants of `slot` still outstanding (reserved by a transaction not yet finished).
     pub fn pending(&self, q: &QueueKey, slot: u64) -> usize {
         let m = self.lock();
@@ -279,6 +285,7 @@ mod tests {
         assert_eq!(per.iter().filter(|s| **s == 2).count(), 2, "{per:?}");
         assert_eq!(g.iter().find(|g| g.slot == 2).unwrap().lease_ms, Some(5_000));
         assert_eq!(m.available(&q()), 2);
+        assert_eq!((m.credits(&q(), 1), m.credits(&q(), 2), m.credits(&q(), 9)), (1, 1, 0));
         m.give_back(&q(), g);
         assert_eq!(m.available(&q()), 6, "cancelled grants return their credits");
         assert_eq!(m.remove(&q(), 1), 3);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kairos_actors::config::{Backend, NodeConfig};
-use kairos_actors::dispatcher::PollRequest;
+use kairos_actors::dispatcher::{PollRequest, SessionOpen};
 use kairos_actors::node::Node;
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::Database;
@@ -338,5 +338,50 @@ async fn work_claimed_for_a_vanished_poll_goes_to_the_next_poller() {
     assert_eq!(got.attempt.number, 1, "handed over, not retried after a lease expiry");
     assert!(c.now() - t0 < 2_000, "before the 2 s lease ran out");
     node.complete(NS, &id, got.attempt.fencing_token, Vec::new(), String::new()).await.unwrap();
+    node.stop().await;
+}
+
+/// Simulation seed 437: a worker stream that reopened while all its slots were busy (credits 0)
+/// and got its slots back later as credits was never served from the ready queues — the node
+/// sized the queue's dispatch buffer by the credits the stream opened with (0), so it never
+/// claimed; only fire-time matches reached the worker, and work already READY waited forever.
+#[tokio::test(start_paused = true)]
+async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() {
+    let c = cluster();
+    let node = c.node("a").await;
+    wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let session = node
+        .open_session(SessionOpen {
+            namespace: NS.into(),
+            queue: "job".into(),
+            worker_id: "busy".into(),
+            lease_ms: None,
+            credits: 0, // every slot busy with work from before the stream broke
+            tasks: tx,
+        })
+        .await
+        .unwrap();
+    let id = node.submit(submit_at(c.now(), 1)).await.unwrap().execution.id;
+    // Nobody can take it: it waits on the ready queue.
+    for _ in 0..50 {
+        if node.scheduler().get(NS, &id).await.unwrap().status() == ExecutionStatus::Ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(node.scheduler().get(NS, &id).await.unwrap().status(), ExecutionStatus::Ready);
+    assert!(rx.try_recv().is_err(), "no task for a stream without credits");
+    // A task from before finishes: its result frees a slot.
+    let t0 = c.now();
+    node.session_credits(session, 1);
+    let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("the READY execution reaches the stream once it has a free slot")
+        .expect("the stream is open");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].execution.id, id);
+    assert!(c.now() - t0 < 1_000, "claimed at once, not after some timeout");
+    node.close_session(session);
     node.stop().await;
 }

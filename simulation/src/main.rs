@@ -135,6 +135,8 @@ fn main() -> ExitCode {
     if std::env::var_os("KAIROS_SIM_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_env("KAIROS_SIM_LOG"))
+            .with_timer(SimTime)
+            .with_ansi(false)
             .init();
     }
     // A step that never ends is a livelock: some task spins without letting simulated time
@@ -231,5 +233,18 @@ fn main() -> ExitCode {
     } else {
         println!("failed seeds: {failed:?}");
         ExitCode::FAILURE
+    }
+}
+
+/// Log lines are stamped with simulated time (ms since the run began, as the trace is), not
+/// the wall clock: a node's log then lines up with the event trace.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match turmoil::sim_elapsed() {
+            Some(t) => write!(w, "{:>8}", t.as_millis()),
+            None => write!(w, "{:>8}", "-"),
+        }
     }
 }

@@ -309,11 +309,15 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
                     h.reach("replay accepted");
                     *h.replayed.entry(id).or_default() += 1;
                 }
-                // A replay whose commit came back unknown-result and was applied can still
-                // answer FAILED_PRECONDITION: the retry finds the execution already claimed
-                // again, no longer READY (see docs/simulation.md, seed 45). So an error is
-                // "maybe replayed" for the attempt checks.
-                Err(e) if e.code() != tonic::Code::NotFound => {
+                // An error the outcome of which is unknown (unavailable, timed out: the
+                // replay may have committed) is "maybe replayed" for the attempt checks.
+                // FAILED_PRECONDITION is a refusal: a replay whose commit came back
+                // unknown-result and did apply is answered as done by its retry, even once the
+                // execution has moved on (seed 45 once had it refused).
+                Err(e)
+                    if e.code() != tonic::Code::NotFound
+                        && e.code() != tonic::Code::FailedPrecondition =>
+                {
                     *h.replayed.entry(id).or_default() += 1;
                 }
                 Err(_) => {}

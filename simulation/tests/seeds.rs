@@ -34,6 +34,28 @@ fn regression_seed_13_watch_retry_during_region_failover() {
     );
 }
 
+/// Seed 45 once had a replay refused (FAILED_PRECONDITION) that had happened: its commit came
+/// back unknown-result though applied, and a worker claimed the execution before the retry.
+/// The checker counts a refused replay as not replayed, so the attempt bound catches it.
+#[test]
+fn regression_seed_45_replay_applied_under_an_unknown_result() {
+    let out = passes(45);
+    assert!(out.reached.contains_key("replay accepted"), "{:?}", out.reached);
+}
+
+/// Seed 437 once left 22 READY executions unclaimed for good: a worker stream reopened after
+/// the worker's pause with every slot busy (credits 0), and the node sized its queue's dispatch
+/// buffer by those opening credits, so it never claimed for the credits that came back.
+#[test]
+fn regression_seed_437_stream_opened_with_no_free_slots() {
+    let out = passes(437);
+    assert!(
+        out.plan.enabled.contains(&"worker_pause") && out.plan.enabled.contains(&"region_loss"),
+        "seed 437 no longer pauses a worker and loses a region: {:?}",
+        out.plan.enabled
+    );
+}
+
 /// Replays are fresh processes: the same seed there gives the same trace hash. Only with
 /// `--cfg tokio_unstable` does turmoil seed tokio's `select!` order; without it a seed's trace
 /// can differ now and then (`.ci/run` runs this with it, in its own target directory).

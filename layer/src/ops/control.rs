@@ -90,6 +90,12 @@ impl Scheduler {
 
     /// Replays a FAILED execution: READY again, as the next attempt of the same execution,
     /// with a fresh retry budget. Idempotent.
+    ///
+    /// A commit that comes back unknown-result is retried; if it did apply, the execution may
+    /// have moved on before the retry reads it (claimed again, even finished or FAILED again).
+    /// The retry recognizes its own replay — the execution has left the FAILED state it read,
+    /// with `attempt_base` at that state's attempt count — and answers it, rather than refusing
+    /// with `FailedPrecondition` (or replaying a second time) a replay that took effect.
     pub async fn replay(&self, ns: &str, id: &str) -> Result<Execution> {
         self.replay_by(ns, id, "internal").await
     }
@@ -100,6 +106,9 @@ impl Scheduler {
         let now_ms = self.clock.now().as_millis();
         let audit_id = self.audit_id();
         let audit_id = &audit_id;
+        // The attempt count of the FAILED state this call's last commit replayed (none yet).
+        let tried = std::sync::atomic::AtomicU64::new(u64::MAX);
+        let tried = &tried;
         self.db
             .run(|tx| async move {
                 let mut e = require_execution(&tx, &self.ks, ns, id).await?;
@@ -108,6 +117,12 @@ impl Scheduler {
                     && e.attempt_base == e.attempt_count;
                 if just_replayed {
                     return Ok(e);
+                }
+                let ours = tried.load(std::sync::atomic::Ordering::Relaxed);
+                let still_failed_there = e.status == ExecutionStatus::Failed as i32
+                    && u64::from(e.attempt_count) == ours;
+                if ours != u64::MAX && u64::from(e.attempt_base) == ours && !still_failed_there {
+                    return Ok(e); // replayed by this call's earlier, maybe-committed, commit
                 }
                 let before = e.status;
                 e.status =
@@ -131,6 +146,7 @@ impl Scheduler {
                     detail: format!("after {} attempts", e.attempt_count),
                 };
                 self.write_audit(&tx, ns, now_ms, audit_id, &a)?;
+                tried.store(u64::from(e.attempt_count), std::sync::atomic::Ordering::Relaxed);
                 Ok(e)
             })
             .await

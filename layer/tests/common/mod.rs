@@ -9,7 +9,7 @@ use std::time::Duration;
 use kairos_layer::env::{ManualClock, Rng, SharedClock, Timestamp};
 use kairos_layer::keys::{Keyspace, Tag};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
-use kairos_layer::kv::{Database, RunOptions};
+use kairos_layer::kv::{Database, KvDatabase, RunOptions};
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_layer::ops::{ClusterParams, Scheduler};
 use kairos_proto::storage::v1::{Execution, ExecutionStatus, JobDefinition, TimerKind};
@@ -27,6 +27,9 @@ pub struct World {
     pub clock: ManualClock,
     /// Epoch held by NODE per shard.
     pub epochs: Vec<u64>,
+    /// The backend under `db`, for a second handle on the same store.
+    pub store: Arc<dyn KvDatabase>,
+    pub params: ClusterParams,
 }
 
 pub const REPORT_YAML: &str = r#"
@@ -55,12 +58,15 @@ pub fn report_definition() -> JobDefinition {
 pub async fn world(seed: u64, faults: FaultConfig) -> World {
     let clock = ManualClock::new(Timestamp::from_millis(T0));
     let shared: SharedClock = Arc::new(clock.clone());
-    let db =
-        MemoryDatabase::open(shared.clone(), Rng::seeded(seed), faults).with_options(RunOptions {
-            backoff_initial: Duration::ZERO,
-            backoff_max: Duration::ZERO,
-            ..RunOptions::default()
-        });
+    // As MemoryDatabase::open, keeping the backend.
+    let rng = Rng::seeded(seed);
+    let store: Arc<dyn KvDatabase> =
+        Arc::new(MemoryDatabase::with_faults(shared.clone(), rng.fork(), faults));
+    let db = Database::new(store.clone(), shared.clone(), rng).with_options(RunOptions {
+        backoff_initial: Duration::ZERO,
+        backoff_max: Duration::ZERO,
+        ..RunOptions::default()
+    });
     let ks = Keyspace::new("test");
     let params =
         ClusterParams { shard_count: SHARDS, bucket_width_ms: 60_000, ready_partitions: 2 };
@@ -72,7 +78,7 @@ pub async fn world(seed: u64, faults: FaultConfig) -> World {
     for shard in 0..SHARDS {
         epochs.push(sched.acquire_shard(shard, NODE, 3_600_000).await.expect("lease").epoch);
     }
-    World { sched, db, ks, clock, epochs }
+    World { sched, db, ks, clock, epochs, store, params }
 }
 
 pub fn request(key: Option<&str>, execute_at_ms: i64) -> SubmitRequest {

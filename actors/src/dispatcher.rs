@@ -295,9 +295,14 @@ impl DispatcherState {
         let target = self.buffer_target(q);
         let next = &mut self.next_id;
         let b = self.buffers.entry(q.clone()).or_default();
+        // Ids are taken as sessions and polls take theirs (the current value, then one up):
+        // taking `next + 1` here gave a buffer the id of the next stream to open, and work
+        // reserved for the buffer of one queue went to a stream of another (even of another
+        // namespace).
         let slot = *b.slot.get_or_insert_with(|| {
+            let id = *next;
             *next += 1;
-            *next
+            id
         });
         let pending = self.ctx.matchmaker.pending(q, slot);
         let room = target.saturating_sub(b.items.len() + b.refilling + pending);
@@ -473,16 +478,51 @@ impl DispatcherState {
         if claimed.is_empty() {
             return claimed;
         }
+        // A worker only ever gets work of its own namespace and queue: anything else comes
+        // back (to be routed by its own queue) and is logged, as it means a wrong slot.
+        let queue = match (self.sessions.get(&slot), self.waiters.get(&slot)) {
+            (Some(s), _) => Some(s.queue.clone()),
+            (None, Some(w)) => Some(w.queue.clone()),
+            (None, None) => None,
+        };
+        let mut foreign = Vec::new();
+        let claimed = match &queue {
+            Some(q) => {
+                let (mine, other): (Vec<Claimed>, Vec<Claimed>) = claimed
+                    .into_iter()
+                    .partition(|c| c.execution.namespace == q.0 && c.execution.queue == q.1);
+                if !other.is_empty() {
+                    tracing::error!(
+                        slot,
+                        namespace = %q.0,
+                        queue = %q.1,
+                        other = other.len(),
+                        "work of another queue was about to go to this worker: kept back"
+                    );
+                }
+                foreign = other;
+                mine
+            }
+            None => claimed,
+        };
+        if claimed.is_empty() {
+            return foreign;
+        }
         if let Some(s) = self.sessions.get(&slot) {
             return match s.tasks.send(claimed) {
-                Ok(()) => Vec::new(),
-                Err(mpsc::error::SendError(back)) => back,
+                Ok(()) => foreign,
+                Err(mpsc::error::SendError(mut back)) => {
+                    back.extend(foreign);
+                    back
+                }
             };
         }
         if let Some(w) = self.waiters.get_mut(&slot) {
             w.got.extend(claimed);
             if w.got.len() >= w.max {
-                return self.answer(slot);
+                let mut back = self.answer(slot);
+                back.extend(foreign);
+                return back;
             }
             if !w.lingering {
                 w.lingering = true;
@@ -493,7 +533,7 @@ impl DispatcherState {
                     DispatcherMsg::Flush(slot),
                 );
             }
-            return Vec::new();
+            return foreign;
         }
         claimed
     }

@@ -137,6 +137,9 @@ pub struct NodeConfig {
     /// namespaces with due work (weighted round robin among a shard's first 4,096 due
     /// timers), so one namespace's backlog does not hold up another's.
     pub namespace_weights: BTreeMap<String, u32>,
+    /// Due timers of a shard one fire transaction looks at to share its batch between
+    /// namespaces (0: fire in time order only, no sharing), at most 20000.
+    pub fair_scan_rows: usize,
     /// Per-namespace limits ([`Quotas`]); none by default.
     pub quotas: Quotas,
     /// Log filter (`tracing` env-filter syntax), e.g. `info` or `kairos_actors=debug`.
@@ -192,6 +195,7 @@ impl Default for NodeConfig {
             audit_retention_days: 90,
             retention_sweep_ms: 60_000,
             namespace_weights: BTreeMap::new(),
+            fair_scan_rows: kairos_layer::ops::fire::FAIR_SCAN_ROWS,
             quotas: Quotas::default(),
             log: "info".into(),
             log_format: LogFormat::Text,
@@ -223,8 +227,9 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 19] = [
+pub const ENV_VARS: [(&str, &str); 20] = [
     ("KAIROS_AUTH", "auth"),
+    ("KAIROS_FAIR_SCAN_ROWS", "fair_scan_rows"),
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -306,6 +311,7 @@ impl NodeConfig {
             "retention_days" => self.retention_days = num32(value)?,
             "retention_sweep_ms" => self.retention_sweep_ms = num(value)?,
             "audit_retention_days" => self.audit_retention_days = num32(value)?,
+            "fair_scan_rows" => self.fair_scan_rows = num(value)? as usize,
             "otlp_endpoint" => self.otlp_endpoint = Some(value.to_string()),
             "log_format" => {
                 self.log_format = match value {
@@ -406,6 +412,9 @@ impl NodeConfig {
         }
         if self.retention_sweep_ms < 1_000 {
             return Err(bad("retention_sweep_ms", "must be at least 1000"));
+        }
+        if self.fair_scan_rows > kairos_layer::ops::fire::FAIR_SCAN_ROWS_MAX {
+            return Err(bad("fair_scan_rows", "must be at most 20000"));
         }
         if let Some((ns, _)) =
             self.namespace_weights.iter().find(|(_, w)| !(1..=1_000).contains(*w))

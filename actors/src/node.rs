@@ -87,7 +87,8 @@ impl Node {
         };
         let sched = Scheduler::open(db, Keyspace::new(&config.cluster), clock.clone(), rng, params)
             .await?
-            .with_namespace_weights(config.namespace_weights.clone());
+            .with_namespace_weights(config.namespace_weights.clone())
+            .with_fair_scan(config.fair_scan_rows);
         let slot: crate::cron_client::NodeSlot = Arc::default();
         let cron = crate::cron_owner::CronCtx {
             executions: crate::cron_client::SdkExecutions(crate::cron_client::in_process_client(

@@ -78,3 +78,15 @@ async fn weights_share_a_batch() {
     let round = one_round(&w, 40).await;
     assert_eq!((round["heavy"], round["light"]), (4 * 30, 4 * 10), "3:1, {round:?}");
 }
+
+#[tokio::test]
+async fn without_the_fair_scan_timers_fire_in_time_order() {
+    let w = world(33, FaultConfig::none()).await;
+    let w = World { sched: w.sched.clone().with_fair_scan(0), ..w };
+    w.sched.register_definition("b", report_definition()).await.unwrap();
+    submit(&w, NS, 2_000, T0 + 1_000).await;
+    submit(&w, "b", 12, T0 + 2_000).await;
+    w.advance_ms(3_000);
+    let first = one_round(&w, 50).await;
+    assert_eq!(first.get("b"), None, "behind the backlog: {first:?}");
+}

@@ -272,7 +272,7 @@ impl Scheduler {
             let left = limit - rows.len();
             // A snapshot read of up to FAIR_SCAN_ROWS due timers, of which `left` are taken,
             // shared between namespaces; each one taken gets a read conflict.
-            let scan = FAIR_SCAN_ROWS.max(left);
+            let scan = self.fair_scan_rows.max(left);
             let range = self.ks.timers_due(bucket, shard, now_ms).limit(scan + 1);
             let mut got = tx.get_range(&range, true).await?;
             let cut = got.len() > scan;
@@ -546,11 +546,13 @@ impl Scheduler {
 }
 
 /// The event a DUE or RETRY timer applies.
-/// Due timers one fire transaction looks at (a snapshot read) to share its batch between
+/// Due timers one fire transaction looks at by default (a snapshot read) to share its batch between
 /// namespaces: a namespace with timers among the first `FAIR_SCAN_ROWS` due timers of a shard
 /// gets its weighted share of the batch, however many timers another namespace has ahead of
 /// it.
 pub const FAIR_SCAN_ROWS: usize = 4_096;
+/// The most `fair_scan_rows` may be.
+pub const FAIR_SCAN_ROWS_MAX: usize = 20_000;
 
 /// Takes `n` of `rows` (in key order: earliest due first), shared between their namespaces by
 /// weighted round robin (each round, every namespace with timers left gives up to its weight,

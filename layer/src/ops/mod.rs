@@ -77,6 +77,8 @@ pub struct Scheduler {
     pub(crate) rng: Rng,
     /// Weights of namespaces sharing a fire batch (absent: 1); see [`fire`].
     pub(crate) fire_weights: std::sync::Arc<std::collections::BTreeMap<String, u32>>,
+    /// Due timers a fire transaction looks at to share its batch (0: time order only).
+    pub(crate) fair_scan_rows: usize,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -151,7 +153,15 @@ impl Scheduler {
             )));
         }
         let ks = ks.with_shards(config.shard_count);
-        Ok(Scheduler { db, ks, config, clock, rng, fire_weights: Default::default() })
+        Ok(Scheduler {
+            db,
+            ks,
+            config,
+            clock,
+            rng,
+            fire_weights: Default::default(),
+            fair_scan_rows: fire::FAIR_SCAN_ROWS,
+        })
     }
 
     /// The same scheduler, sharing each fire batch between namespaces by these weights (a
@@ -161,6 +171,13 @@ impl Scheduler {
         weights: std::collections::BTreeMap<String, u32>,
     ) -> Self {
         self.fire_weights = std::sync::Arc::new(weights);
+        self
+    }
+
+    /// The same scheduler looking at up to `rows` due timers per fire transaction to share its
+    /// batch between namespaces (0: fire in time order only).
+    pub fn with_fair_scan(mut self, rows: usize) -> Self {
+        self.fair_scan_rows = rows.min(fire::FAIR_SCAN_ROWS_MAX);
         self
     }
 

@@ -94,3 +94,68 @@ async fn retention_removes_exactly_what_is_past_its_time() {
     assert_eq!(w.sched.namespaces().await.unwrap(), vec![NS.to_string()]);
     w.check_invariants().await;
 }
+
+/// A sweep running while new executions are submitted, fired, claimed and finished (with
+/// injected conflicts): exactly the old terminal executions go; nothing live or recent does.
+#[tokio::test]
+async fn a_sweep_under_load_removes_only_what_is_past_its_time() {
+    let w = world(12, FaultConfig { spurious_conflict: Some(0.1), ..FaultConfig::none() }).await;
+    // 120 executions that finished at T0.
+    let mut old = Vec::new();
+    for i in 0..120 {
+        old.push(w.sched.submit(request(Some(&format!("old{i}")), T0)).await.unwrap().execution.id);
+    }
+    w.fire_all().await;
+    for c in w.sched.claim(NS, "report", "w", 120, None).await.unwrap() {
+        let t = c.attempt.fencing_token;
+        w.sched.complete(NS, &c.execution.id, t, Vec::new(), String::new()).await.unwrap();
+    }
+    w.advance_ms(8 * 86_400_000);
+    let cutoff = w.now_ms() - 7 * 86_400_000;
+    let now = w.now_ms();
+    // The load: 200 new executions, half of them run to the end, while the sweep goes on.
+    let load = async {
+        let mut new = Vec::new();
+        for i in 0..200 {
+            let at = if i % 2 == 0 { now } else { now + 86_400_000 };
+            new.push(
+                w.sched.submit(request(Some(&format!("new{i}")), at)).await.unwrap().execution.id,
+            );
+            if i % 20 == 19 {
+                w.fire_all().await;
+                for c in w.sched.claim(NS, "report", "w", 10, None).await.unwrap() {
+                    let t = c.attempt.fencing_token;
+                    w.sched
+                        .complete(NS, &c.execution.id, t, Vec::new(), String::new())
+                        .await
+                        .unwrap();
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        new
+    };
+    let sweep = async {
+        let mut deleted = 0;
+        loop {
+            let s = w.sched.sweep_terminal(NS, cutoff, 9).await.unwrap();
+            deleted += s.deleted;
+            tokio::task::yield_now().await;
+            if !s.more && deleted >= 120 {
+                break;
+            }
+        }
+        deleted
+    };
+    let (new, deleted) = tokio::join!(load, sweep);
+    assert_eq!(deleted, 120, "exactly the old terminal executions");
+    for id in &old {
+        assert!(w.sched.get(NS, id).await.is_err(), "{id} should be gone");
+    }
+    for id in &new {
+        w.sched.get(NS, id).await.unwrap_or_else(|e| panic!("{id} was deleted: {e}"));
+    }
+    let report = check_records(w.sched.database(), w.sched.keyspace(), |_| {}).await.unwrap();
+    assert!(report.is_clean(), "{:#?}", report.findings);
+    w.check_invariants().await;
+}

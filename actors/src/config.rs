@@ -39,6 +39,11 @@ pub struct Quota {
     pub submit_per_s: u32,
     /// Executions not yet finished (SCHEDULED, READY, RUNNING, RETRY_WAIT), cluster-wide.
     pub pending_max: u64,
+    /// Largest inputs of one execution, in bytes of JSON (0: the global 32 KiB; more than
+    /// that is not possible).
+    pub inputs_bytes_max: u32,
+    /// Largest definition source, in bytes (0: the global limit).
+    pub definition_bytes_max: u32,
 }
 
 /// Quotas: a default for every namespace, and per-namespace ones instead of it.

@@ -174,6 +174,7 @@ impl Node {
 
     /// Submits an execution; its shard's local owner (if any) learns of the timer at once.
     pub async fn submit(&self, req: SubmitRequest) -> ops::Result<Submitted> {
+        self.check_inputs_size(&req)?;
         self.admit(&req.namespace, 1).await?;
         let s = self.ctx().sched.submit(req).await?;
         if s.created {
@@ -190,10 +191,15 @@ impl Node {
         &self,
         reqs: Vec<SubmitRequest>,
     ) -> ops::Result<Vec<ops::Result<Submitted>>> {
+        // Items over their namespace's size limit fail alone.
+        let mut too_big: Vec<Option<ops::Error>> =
+            reqs.iter().map(|r| self.check_inputs_size(r).err()).collect();
         // Quotas per namespace: a refused namespace's items fail alone, nothing of theirs stored.
         let mut per_ns: BTreeMap<&str, usize> = BTreeMap::new();
-        for r in &reqs {
-            *per_ns.entry(r.namespace.as_str()).or_default() += 1;
+        for (r, big) in reqs.iter().zip(&too_big) {
+            if big.is_none() {
+                *per_ns.entry(r.namespace.as_str()).or_default() += 1;
+            }
         }
         let mut refused: BTreeMap<String, ops::Error> = BTreeMap::new();
         for (ns, n) in per_ns {
@@ -201,9 +207,13 @@ impl Node {
                 refused.insert(ns.to_string(), e);
             }
         }
-        if !refused.is_empty() {
+        if !refused.is_empty() || too_big.iter().any(Option::is_some) {
             let (mut admitted, mut order) = (Vec::new(), Vec::new());
-            for r in reqs {
+            for (i, r) in reqs.into_iter().enumerate() {
+                if let Some(e) = too_big[i].take() {
+                    order.push(Some(e));
+                    continue;
+                }
                 match refused.get(&r.namespace) {
                     Some(e) => order.push(Some(quota_error(e))),
                     None => {
@@ -223,6 +233,38 @@ impl Node {
                 .collect());
         }
         self.submit_admitted(reqs).await
+    }
+
+    /// Refuses inputs over their namespace's `inputs_bytes_max` (a size is no reason to retry:
+    /// INVALID_ARGUMENT naming `inputs`, not RESOURCE_EXHAUSTED).
+    fn check_inputs_size(&self, req: &SubmitRequest) -> ops::Result<()> {
+        let max = self.ctx().config.quotas.of(&req.namespace).inputs_bytes_max as usize;
+        if max == 0 {
+            return Ok(());
+        }
+        let size = serde_json::to_vec(&req.inputs).map_or(0, |v| v.len());
+        if size > max {
+            return Err(ops::error::invalid(
+                "inputs",
+                format!(
+                    "{size} bytes of JSON, over the limit of {max} for namespace {}",
+                    req.namespace
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a definition source over its namespace's `definition_bytes_max`.
+    pub fn check_definition_size(&self, ns: &str, bytes: usize) -> ops::Result<()> {
+        let max = self.ctx().config.quotas.of(ns).definition_bytes_max as usize;
+        if max > 0 && bytes > max {
+            return Err(ops::error::invalid(
+                "definition",
+                format!("{bytes} bytes, over the limit of {max} for namespace {ns}"),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks `n` new executions of `ns` against the namespace's quotas.

@@ -17,7 +17,7 @@ use kairos_layer::ops::Error;
 use kairos_layer::ops::submit::SubmitRequest;
 use tower::ServiceExt;
 
-const DEF: &str = "name: job\nversion: 1\nexecution: {type: command, command: [\"true\"]}\n";
+const DEF: &str = "name: job\nversion: 1\ninputs:\n  pad: {type: string, required: false}\nexecution: {type: command, command: [\"true\"]}\n";
 
 async fn node() -> Node {
     let clock: SharedClock =
@@ -26,8 +26,12 @@ async fn node() -> Node {
     let quotas = Quotas {
         default: Quota::default(),
         namespaces: BTreeMap::from([
-            ("rated".to_string(), Quota { submit_per_s: 10, pending_max: 0 }),
-            ("capped".to_string(), Quota { submit_per_s: 0, pending_max: 5 }),
+            ("rated".to_string(), Quota { submit_per_s: 10, ..Quota::default() }),
+            ("capped".to_string(), Quota { pending_max: 5, ..Quota::default() }),
+            (
+                "small".to_string(),
+                Quota { inputs_bytes_max: 100, definition_bytes_max: 200, ..Quota::default() },
+            ),
         ]),
     };
     let config = NodeConfig {
@@ -38,7 +42,7 @@ async fn node() -> Node {
         ..NodeConfig::default()
     };
     let node = Node::start(config, db, clock, Rng::seeded(2)).await.unwrap();
-    for ns in ["rated", "capped", "free"] {
+    for ns in ["rated", "capped", "free", "small"] {
         let def = kairos_layer::definition::parse_definition(DEF).unwrap();
         node.scheduler().register_definition(ns, def).await.unwrap();
     }
@@ -127,5 +131,43 @@ async fn a_namespace_at_its_cap_gets_429_with_a_retry_after() {
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     node.submit(req("capped")).await.unwrap();
     assert!(node.submit(req("capped")).await.is_err());
+    node.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn payloads_and_definitions_over_a_namespace_limit_are_refused_naming_the_field() {
+    let node = node().await;
+    let with_inputs = |ns: &str, bytes: usize| SubmitRequest {
+        inputs: serde_json::json!({"pad": "x".repeat(bytes)}),
+        ..req(ns)
+    };
+    node.submit(with_inputs("small", 50)).await.unwrap();
+    let e = node.submit(with_inputs("small", 150)).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { field, reason } if field == "inputs" && reason.contains("limit of 100")),
+        "{e:?}"
+    );
+    node.submit(with_inputs("free", 150)).await.unwrap(); // other namespaces: the global limit
+    // In a batch the big item fails alone.
+    let out = node
+        .submit_batch(vec![with_inputs("small", 10), with_inputs("small", 500), req("free")])
+        .await
+        .unwrap();
+    assert!(out[0].is_ok() && out[2].is_ok(), "{out:?}");
+    assert!(matches!(&out[1], Err(Error::InvalidArgument { field, .. }) if field == "inputs"));
+    assert_eq!(stored(&node, "small").await, 2, "nothing stored for the refused ones");
+    // A definition over the namespace's limit, over HTTP: 400 naming `definition`.
+    let big = format!("{DEF}description: {}\n", "d".repeat(300));
+    let http = Request::builder()
+        .method("POST")
+        .uri("/definitions")
+        .header("kairos-namespace", "small")
+        .body(Body::from(big))
+        .unwrap();
+    let resp = kairos_actors::api::http::router(node.clone()).oneshot(http).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["field"], "definition", "{v}");
     node.stop().await;
 }

@@ -769,6 +769,9 @@ impl DefinitionService for Api {
     ) -> Reply<RegisterDefinitionResponse> {
         let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Definitions).await?;
         let r = req.into_inner();
+        self.node
+            .check_definition_size(&or_default(&r.namespace), r.source.len())
+            .map_err(|e| status(&e))?;
         let def = super::parse_definition(r.source.into_bytes()).await.map_err(|e| status(&e))?;
         let (d, created) = self
             .node
@@ -978,9 +981,15 @@ impl AdminService for Api {
                 .get(&ns)
                 .copied()
                 .unwrap_or(config.retention_days),
-            input_bytes_max: l::INPUT_BYTES_MAX as u32,
+            input_bytes_max: match quota.inputs_bytes_max {
+                0 => l::INPUT_BYTES_MAX as u32,
+                n => n.min(l::INPUT_BYTES_MAX as u32),
+            },
             output_bytes_max: l::OUTPUT_BYTES_MAX as u32,
-            definition_bytes_max: kairos_layer::kv::limits::VALUE_BYTES_MAX as u32,
+            definition_bytes_max: match quota.definition_bytes_max {
+                0 => kairos_layer::kv::limits::VALUE_BYTES_MAX as u32,
+                n => n.min(kairos_layer::kv::limits::VALUE_BYTES_MAX as u32),
+            },
         })
     }
 }

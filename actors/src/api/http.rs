@@ -260,6 +260,7 @@ async fn register_definition(
 ) -> Response {
     let r = async {
         let caller = authorized(&node, &headers, Scope::Definitions).await?;
+        node.check_definition_size(&caller.0, body.len())?;
         let def = super::parse_definition(body.to_vec()).await?;
         node.scheduler().register_definition_by(&caller.0, def, &caller.1.who).await
     }

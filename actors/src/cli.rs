@@ -456,7 +456,7 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         node.node_id(),
         display_dir(&data_dir)
     );
-    announce_auth(&node, &data_dir, bound, bound_grpc).await?;
+    announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
     let tls_watch = tls.as_ref().map(|t| {
         let client_auth = match &t.files().client_ca {
             Some(ca) => format!("; gRPC clients need a certificate signed by {}", ca.display()),
@@ -523,12 +523,12 @@ const BOOTSTRAP_KEY_FILE: &str = "admin-key";
 async fn announce_auth(
     node: &Node,
     data_dir: &Path,
-    http: std::net::SocketAddr,
+    http: &str,
     grpc: std::net::SocketAddr,
 ) -> anyhow::Result<()> {
     if node.auth().mode() == AuthMode::Off {
         eprintln!(
-            "kairos: WARNING: authentication is OFF — anyone who can reach http://{http} or {grpc} \
+            "kairos: WARNING: authentication is OFF — anyone who can reach {http} or {grpc} \
              may use every namespace (kairos dev's default; `kairos serve` requires API keys)"
         );
         return Ok(());

@@ -29,6 +29,46 @@ pub fn check(plan: &Plan, h: &History) -> Vec<String> {
             open.iter().take(10).collect::<Vec<_>>()
         ));
     }
+    // Isolation: every task a worker received was of the worker's own namespace and queue
+    // (checked on receipt, by the task and by the inputs its submitter gave it).
+    if !h.foreign.is_empty() {
+        v.push(format!(
+            "isolation: {} tasks reached a worker of another namespace or queue, e.g. {}",
+            h.foreign.len(),
+            h.foreign.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    // ... and as the store recorded it: an execution read back is in the lane it was submitted
+    // to, and each of its attempts names a worker of that lane (or none: never reached one).
+    let mut stray = Vec::new();
+    for (id, a) in &h.acked {
+        let lane = &plan.lanes[a.lane];
+        let Some((e, attempts)) = h.finals.get(id) else { continue };
+        if e.namespace != lane.namespace || e.queue != lane.queue {
+            stray.push(format!("{id} of {lane} stored as {}/{}", e.namespace, e.queue));
+        }
+        for at in attempts.iter().filter(|at| !at.worker_id.is_empty()) {
+            match h.workers.get(&at.worker_id) {
+                Some(&w) if w == a.lane => {}
+                Some(&w) => stray.push(format!(
+                    "{id} of {lane}: attempt {} recorded on worker {} of {}",
+                    at.number, at.worker_id, plan.lanes[w]
+                )),
+                None => stray.push(format!(
+                    "{id} of {lane}: attempt {} recorded on unknown worker {:?}",
+                    at.number, at.worker_id
+                )),
+            }
+        }
+    }
+    if !stray.is_empty() {
+        v.push(format!(
+            "isolation: {} attempts or executions recorded outside their namespace and queue, \
+             e.g. {}",
+            stray.len(),
+            stray.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
     // No acknowledged execution lost.
     for (id, why) in &h.missing {
         v.push(format!("lost: acknowledged execution {id} not found: {why}"));
@@ -42,28 +82,31 @@ pub fn check(plan: &Plan, h: &History) -> Vec<String> {
             ));
         }
     }
-    let mut stored: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut stored: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
     for e in &h.listed {
         if !e.idempotency_key.is_empty() {
-            stored.entry(&e.idempotency_key).or_default().push(&e.execution_id);
+            stored.entry((&e.namespace, &e.idempotency_key)).or_default().push(&e.execution_id);
         }
     }
-    for (key, ids) in &stored {
+    for ((ns, key), ids) in &stored {
         if ids.len() > 1 {
-            v.push(format!("idempotency: key {key} has {} stored executions: {ids:?}", ids.len()));
+            v.push(format!(
+                "idempotency: key {key} has {} stored executions in {ns}: {ids:?}",
+                ids.len()
+            ));
         }
     }
     // Each cron occurrence materialized at most once.
-    let mut occurrences: BTreeMap<(&str, i64), Vec<&str>> = BTreeMap::new();
+    let mut occurrences: BTreeMap<(&str, &str, i64), Vec<&str>> = BTreeMap::new();
     for e in &h.listed {
         if !e.cron_job_id.is_empty() {
             occurrences
-                .entry((&e.cron_job_id, e.cron_occurrence_ms))
+                .entry((&e.namespace, &e.cron_job_id, e.cron_occurrence_ms))
                 .or_default()
                 .push(&e.execution_id);
         }
     }
-    for ((job, at), ids) in &occurrences {
+    for ((_, job, at), ids) in &occurrences {
         if ids.len() > 1 {
             v.push(format!(
                 "cron: {job} occurrence {at} materialized {} times: {ids:?}",

@@ -87,6 +87,25 @@ pub struct Plan {
     pub tick_ms: u64,
     /// Cron jobs the client creates (an occurrence every 2 s until faults stop).
     pub cron_jobs: usize,
+    /// The (namespace, queue) pairs the workload uses: 2–3 namespaces of 1–2 queues each, the
+    /// same queue names in every namespace. Each has its own definition, and every worker
+    /// group runs one worker per node for each of them.
+    pub lanes: Vec<Lane>,
+}
+
+/// A (namespace, queue) pair: a definition of its own, workers of its own.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lane {
+    /// The namespace.
+    pub namespace: String,
+    /// The queue (also names the definition: `simjob-<queue>`).
+    pub queue: String,
+}
+
+impl std::fmt::Display for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.queue)
+    }
 }
 
 /// The client host's name.
@@ -259,6 +278,7 @@ impl Plan {
             enabled,
             tick_ms: 5,
             cron_jobs: rng.between(0, 2) as usize,
+            lanes: lanes(seed),
         }
     }
 
@@ -333,10 +353,27 @@ impl Plan {
             self.max_message_latency_ms,
             self.cron_jobs
         );
+        let _ = writeln!(
+            s,
+            "lanes (namespace/queue): {}",
+            self.lanes.iter().map(Lane::to_string).collect::<Vec<_>>().join(", ")
+        );
         let _ = writeln!(s, "faults enabled: {:?}; storage: {:?}", self.enabled, self.storage);
         for (t, a) in &self.schedule {
             let _ = writeln!(s, "  at {t} ms: {a:?}");
         }
         s
     }
+}
+
+/// The lanes of `seed`, from an RNG of their own (the other knobs stay what they were).
+fn lanes(seed: u64) -> Vec<Lane> {
+    let rng = Rng::seeded(seed ^ 0x1A4E_5EED);
+    let mut lanes = Vec::new();
+    for n in 0..rng.between(2, 3) {
+        for q in 0..rng.between(1, 2) {
+            lanes.push(Lane { namespace: format!("ns{n}"), queue: format!("q{q}") });
+        }
+    }
+    lanes
 }

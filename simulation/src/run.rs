@@ -129,23 +129,35 @@ pub fn run_plan(plan: Plan) -> Outcome {
         let name = worker_host(g);
         let nodes: Vec<String> = plan.nodes.iter().map(|n| n.name.clone()).collect();
         let concurrency = plan.worker_concurrency;
+        let lanes = plan.lanes.clone();
         let boots = Arc::new(AtomicU64::new(0));
         let history = history.clone();
         let host = name.clone();
         sim.host(name.as_str(), move || {
             let boot = boots.fetch_add(1, Ordering::SeqCst);
             let (nodes, history, host) = (nodes.clone(), history.clone(), host.clone());
+            let lanes = lanes.clone();
             async move {
                 let (_stop, stop_rx) = tokio::sync::watch::channel(false);
                 let mut tasks = Vec::new();
+                // One worker per node and lane: each serves its lane's namespace and queue
+                // only, and runs whatever it is sent (a task of another lane is recorded).
                 for n in &nodes {
-                    let id = format!("{host}-{n}-b{boot}");
-                    let client = Client::from_channel(crate::net::channel(n))
-                        .with_timeout(Duration::from_secs(2));
-                    let worker = Worker::new(client, "simjob", id.clone())
-                        .concurrency(concurrency)
-                        .handle("simjob", workload::handler(history.clone(), id));
-                    tasks.push(tokio::spawn(worker.run(stop_rx.clone())));
+                    for (li, lane) in lanes.iter().enumerate() {
+                        let id = format!("{host}-{n}-{}-{}-b{boot}", lane.namespace, lane.queue);
+                        history
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .workers
+                            .insert(id.clone(), li);
+                        let client = Client::from_channel(crate::net::channel(n))
+                            .with_timeout(Duration::from_secs(2))
+                            .with_namespace(lane.namespace.clone());
+                        let worker = Worker::new(client, lane.queue.clone(), id.clone())
+                            .concurrency(concurrency)
+                            .fallback(workload::handler(history.clone(), id, lane.clone()));
+                        tasks.push(tokio::spawn(worker.run(stop_rx.clone())));
+                    }
                 }
                 for t in tasks {
                     match t.await {

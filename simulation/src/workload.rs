@@ -15,20 +15,25 @@ use kairos_proto::v1::{
 use kairos_sdk::{Client, Task, TaskError};
 
 use crate::clock::true_now_ms;
-use crate::plan::{FAULT_WINDOW, Plan};
+use crate::plan::{FAULT_WINDOW, Lane, Plan};
 
-/// The definition every execution runs.
-pub const JOB: &str = "registry://jobs/simjob";
+/// The definition a lane's executions run (one per queue, registered in each namespace).
+pub fn job(lane: &Lane) -> String {
+    format!("registry://jobs/simjob-{}", lane.queue)
+}
 /// The longest a handler works.
 pub const WORK_MAX_MS: u64 = 12_000;
 
-/// The definition's source for a plan.
-pub fn definition(plan: &Plan) -> String {
+/// A lane's definition source for a plan: `simjob-<queue>`, on that queue.
+pub fn definition(plan: &Plan, lane: &Lane) -> String {
     format!(
-        "name: simjob\nversion: 1\ninputs:\n  n: int\n  mode: string\n  work_ms: int\n  \
-         fail_until: int\nretry: {{max_attempts: {}, base_delay: 1s, max_delay: 4s}}\n\
+        "name: simjob-{q}\nversion: 1\nqueue: {q}\ninputs:\n  n: int\n  mode: string\n  \
+         work_ms: int\n  fail_until: int\n  ns: string\n  q: string\n\
+         retry: {{max_attempts: {}, base_delay: 1s, max_delay: 4s}}\n\
          timeouts: {{lease: {}ms}}\nexecution: {{type: command, command: [\"true\"]}}\n",
-        plan.max_attempts, plan.attempt_lease_ms
+        plan.max_attempts,
+        plan.attempt_lease_ms,
+        q = lane.queue
     )
 }
 
@@ -67,6 +72,8 @@ pub struct Acked {
     pub mode: Mode,
     /// Retryable failures before success (flaky).
     pub fail_until: u32,
+    /// Its lane (index into `Plan::lanes`).
+    pub lane: usize,
 }
 
 /// An attempt as a worker's handler saw it start.
@@ -114,6 +121,10 @@ pub struct History {
     pub all_terminal_at_ms: Option<i64>,
     /// Counts of paths reached.
     pub reached: BTreeMap<&'static str, u64>,
+    /// Every worker id that ever ran, with its lane (index into `Plan::lanes`).
+    pub workers: BTreeMap<String, usize>,
+    /// Tasks a worker received of another namespace or queue than its own (found on receipt).
+    pub foreign: Vec<String>,
 }
 
 /// Print events to stderr as they happen (`--live`).
@@ -142,11 +153,15 @@ fn lock(h: &Shared) -> std::sync::MutexGuard<'_, History> {
     h.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The worker handler of a worker: records the start, works (heartbeats go on meanwhile),
-/// then succeeds or fails as the inputs say. Success carries the fencing token it ran with.
+/// The worker handler of a worker of `lane`: checks the task is of the worker's own namespace
+/// and queue (by the task and by the inputs the client gave it), records the start, works
+/// (heartbeats go on meanwhile), then succeeds or fails as the inputs say. Success carries the
+/// fencing token it ran with. A task of another lane is recorded as a violation and then run
+/// like any other (what a worker would do with it).
 pub fn handler(
     history: Shared,
     worker: String,
+    lane: Lane,
 ) -> impl Fn(
     Task,
 ) -> std::pin::Pin<
@@ -157,6 +172,7 @@ pub fn handler(
     move |task: Task| {
         let history = history.clone();
         let worker = worker.clone();
+        let lane = lane.clone();
         Box::pin(async move {
             let t = task.task.clone();
             let inputs = task.inputs();
@@ -165,6 +181,23 @@ pub fn handler(
             let fail_until = inputs["fail_until"].as_u64().unwrap_or(0) as u32;
             {
                 let mut h = lock(&history);
+                // Isolation: the task's namespace and queue (as the node sent them) and the
+                // ones its submitter put in its inputs are this worker's.
+                let (ns, q) =
+                    (inputs["ns"].as_str().unwrap_or(""), inputs["q"].as_str().unwrap_or(""));
+                if t.namespace != lane.namespace
+                    || t.queue != lane.queue
+                    || ns != lane.namespace
+                    || q != lane.queue
+                {
+                    let what = format!(
+                        "worker {worker} of {lane} received {} attempt {} of {}/{} \
+                         (submitted to {ns}/{q}, definition {})",
+                        t.execution_id, t.attempt, t.namespace, t.queue, t.definition_uri
+                    );
+                    h.event(format!("FOREIGN TASK: {what}"));
+                    h.foreign.push(what);
+                }
                 h.event(format!(
                     "start {} attempt {} token {} on {worker}",
                     t.execution_id, t.attempt, t.fencing_token
@@ -210,6 +243,7 @@ fn terminal(status: i32) -> bool {
 }
 
 struct Submit {
+    lane: usize,
     key: String,
     mode: Mode,
     fail_until: u32,
@@ -223,37 +257,54 @@ struct Submit {
 /// final state back.
 pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
     let rng = Rng::seeded(plan.seed ^ 0x00C1_1E47);
-    let clients: Vec<Client> = plan
-        .nodes
+    // Which lane a new submission goes to: an RNG of its own, so the rest of the workload
+    // draws what it drew before there were lanes.
+    let lane_rng = Rng::seeded(plan.seed ^ 0x1A4E_C11E);
+    let nodes = plan.nodes.len();
+    // One client per (lane, node), each in its lane's namespace.
+    let clients: Vec<Vec<Client>> = plan
+        .lanes
         .iter()
-        .map(|n| {
-            Client::from_channel(crate::net::channel(&n.name)).with_timeout(Duration::from_secs(2))
+        .map(|l| {
+            plan.nodes
+                .iter()
+                .map(|n| {
+                    Client::from_channel(crate::net::channel(&n.name))
+                        .with_timeout(Duration::from_secs(2))
+                        .with_namespace(l.namespace.clone())
+                })
+                .collect()
         })
         .collect();
     let mut rr = 0usize;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let def = definition(&plan);
-    loop {
-        rr += 1;
-        match clients[rr % clients.len()].register_definition(&def).await {
-            Ok(_) => break,
-            Err(e) => {
-                lock(&history).event(format!("register failed: {e}"));
-                tokio::time::sleep(Duration::from_millis(500)).await;
+    for (li, lane) in plan.lanes.iter().enumerate() {
+        let def = definition(&plan, lane);
+        loop {
+            rr += 1;
+            match clients[li][rr % nodes].register_definition(&def).await {
+                Ok(_) => break,
+                Err(e) => {
+                    lock(&history).event(format!("register in {lane} failed: {e}"));
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
         }
+        lock(&history).event(format!("definition registered in {lane}"));
     }
-    lock(&history).event("definition registered");
     // Cron schedules: an occurrence every 2 s until faults stop; missed ones made up, each
     // occurrence its own execution (checked: materialized at most once).
     let window_end = crate::clock::EPOCH_MS + FAULT_WINDOW.as_millis() as i64;
     for j in 0..plan.cron_jobs {
+        let li = j % plan.lanes.len();
+        let lane = &plan.lanes[li];
         let req = CreateCronJobRequest {
             cron_job_id: format!("cron-{j}"),
-            definition_uri: JOB.into(),
+            definition_uri: job(lane),
             definition_version: 1,
-            inputs_json: serde_json::json!({"n": -1, "mode": "ok", "work_ms": 50, "fail_until": 0})
-                .to_string(),
+            inputs_json: serde_json::json!({"n": -1, "mode": "ok", "work_ms": 50, "fail_until": 0,
+                "ns": lane.namespace, "q": lane.queue})
+            .to_string(),
             expression: "*/2 * * * * *".into(),
             timezone: "UTC".into(),
             policies: Some(CronPolicies {
@@ -266,9 +317,9 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         };
         for _ in 0..20 {
             rr += 1;
-            match clients[rr % clients.len()].create_cron_job(req.clone()).await {
+            match clients[li][rr % nodes].create_cron_job(req.clone()).await {
                 Ok(_) => {
-                    lock(&history).event(format!("cron job cron-{j} created"));
+                    lock(&history).event(format!("cron job cron-{j} created in {lane}"));
                     break;
                 }
                 Err(e) => {
@@ -280,13 +331,14 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
     }
     let mut sent: Vec<Submit> = Vec::new();
     let mut acked_ids: Vec<String> = Vec::new();
+    let mut lane_of: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..plan.executions {
         tokio::time::sleep(Duration::from_millis(rng.between(0, 500))).await;
         let now = true_now_ms();
         let roll = rng.below(100);
         if roll < 8 && !acked_ids.is_empty() {
             let id = acked_ids[rng.below(acked_ids.len() as u64) as usize].clone();
-            let r = clients[rr % clients.len()].cancel(&id).await;
+            let r = clients[lane_of[&id]][rr % nodes].cancel(&id).await;
             rr += 1;
             let mut h = lock(&history);
             h.event(format!("cancel {id}: {}", if r.is_ok() { "ok" } else { "error" }));
@@ -297,7 +349,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         }
         if roll < 13 && !acked_ids.is_empty() {
             let id = acked_ids[rng.below(acked_ids.len() as u64) as usize].clone();
-            let r = clients[rr % clients.len()].replay(&id).await;
+            let r = clients[lane_of[&id]][rr % nodes].replay(&id).await;
             rr += 1;
             let mut h = lock(&history);
             h.event(format!(
@@ -328,6 +380,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
             // The same request again under the same key.
             let s = &sent[rng.below(sent.len() as u64) as usize];
             Submit {
+                lane: s.lane,
                 key: s.key.clone(),
                 mode: s.mode,
                 fail_until: s.fail_until,
@@ -355,20 +408,24 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
             } else {
                 (None, Some(Duration::from_millis(delay)))
             };
+            let lane = lane_rng.below(plan.lanes.len() as u64) as usize;
+            let (ns, q) = (&plan.lanes[lane].namespace, &plan.lanes[lane].queue);
             Submit {
+                lane,
                 key: format!("key-{i}"),
                 mode,
                 fail_until,
-                inputs: serde_json::json!({"n": i, "mode": mode.name(), "work_ms": work_ms, "fail_until": fail_until}),
+                inputs: serde_json::json!({"n": i, "mode": mode.name(), "work_ms": work_ms,
+                    "fail_until": fail_until, "ns": ns, "q": q}),
                 at,
                 after,
             }
         };
         let mut result = None;
-        for _ in 0..2 * clients.len() {
+        for _ in 0..2 * nodes {
             rr += 1;
-            let mut b = clients[rr % clients.len()]
-                .submit(JOB, 1)
+            let mut b = clients[s.lane][rr % nodes]
+                .submit(&job(&plan.lanes[s.lane]), 1)
                 .idempotency_key(s.key.clone())
                 .inputs(s.inputs.clone());
             if let Some(at) = s.at {
@@ -386,7 +443,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
                     lock(&history).event(format!(
                         "submit {} on node{}: {}",
                         s.key,
-                        rr % clients.len(),
+                        rr % nodes,
                         e.code()
                     ));
                 }
@@ -400,9 +457,10 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         match result {
             Some(r) => {
                 h.event(format!(
-                    "submitted {} -> {} at {} created {}",
-                    s.key, r.execution_id, r.execute_at_ms, r.created
+                    "submitted {} to {} -> {} at {} created {}",
+                    s.key, plan.lanes[s.lane], r.execution_id, r.execute_at_ms, r.created
                 ));
+                lane_of.insert(r.execution_id.clone(), s.lane);
                 h.ids_by_key.entry(s.key.clone()).or_default().insert(r.execution_id.clone());
                 if !h.acked.contains_key(&r.execution_id) {
                     acked_ids.push(r.execution_id.clone());
@@ -414,6 +472,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
                         execute_at_ms: r.execute_at_ms,
                         mode: s.mode,
                         fail_until: s.fail_until,
+                        lane: s.lane,
                     },
                 );
             }
@@ -445,7 +504,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         }
         for id in pending.clone() {
             rr += 1;
-            match clients[rr % clients.len()].get(&id).await {
+            match clients[lane_of[&id]][rr % nodes].get(&id).await {
                 Ok((e, attempts)) if terminal(e.status) => {
                     pending.remove(&id);
                     let mut h = lock(&history);
@@ -481,7 +540,7 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         // What the stragglers are doing, for the failure report.
         for id in pending.iter().take(20) {
             rr += 1;
-            let r = clients[rr % clients.len()].get(id).await;
+            let r = clients[lane_of[id]][rr % nodes].get(id).await;
             let mut h = lock(&history);
             match r {
                 Ok((e, attempts)) => h.event(format!(
@@ -498,28 +557,37 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
         }
         lock(&history).event(format!("liveness: {} not terminal", pending.len()));
     }
-    // Every execution the cluster has (to check idempotency keys across the whole store).
-    let mut cursor = Vec::new();
+    // Every execution the cluster has, namespace by namespace (to check idempotency keys
+    // across the whole store).
     let mut listed = Vec::new();
-    let mut tries = 0;
-    loop {
-        rr += 1;
-        let req =
-            ListExecutionsRequest { limit: 100, cursor: cursor.clone(), ..Default::default() };
-        match clients[rr % clients.len()].list(req).await {
-            Ok(page) => {
-                listed.extend(page.executions);
-                if page.next_cursor.is_empty() {
-                    break;
+    let mut namespaces: Vec<usize> = Vec::new();
+    for (li, l) in plan.lanes.iter().enumerate() {
+        if !namespaces.iter().any(|&o| plan.lanes[o].namespace == l.namespace) {
+            namespaces.push(li);
+        }
+    }
+    for li in namespaces {
+        let mut cursor = Vec::new();
+        let mut tries = 0;
+        loop {
+            rr += 1;
+            let req =
+                ListExecutionsRequest { limit: 100, cursor: cursor.clone(), ..Default::default() };
+            match clients[li][rr % nodes].list(req).await {
+                Ok(page) => {
+                    listed.extend(page.executions);
+                    if page.next_cursor.is_empty() {
+                        break;
+                    }
+                    cursor = page.next_cursor;
                 }
-                cursor = page.next_cursor;
-            }
-            Err(e) => {
-                tries += 1;
-                if tries > 20 {
-                    return Err(format!("listing executions failed: {e}").into());
+                Err(e) => {
+                    tries += 1;
+                    if tries > 20 {
+                        return Err(format!("listing executions failed: {e}").into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }

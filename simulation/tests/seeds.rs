@@ -95,7 +95,7 @@ fn the_checkers_find_violations() {
     let at = kairos_simulation::clock::EPOCH_MS + 10_000;
     h.acked.insert(
         "e1".into(),
-        Acked { key: "k".into(), execute_at_ms: at, mode: Mode::Ok, fail_until: 0 },
+        Acked { key: "k".into(), execute_at_ms: at, mode: Mode::Ok, fail_until: 0, lane: 0 },
     );
     h.ids_by_key.entry("k".into()).or_default().extend(["e1".to_string(), "e2".to_string()]);
     h.starts.entry("e1".into()).or_default().extend([
@@ -113,6 +113,35 @@ fn the_checkers_find_violations() {
     h.missing.insert("e3".into(), "not found".into());
     let v = kairos_simulation::check::check(&plan, &h);
     let has = |p: &str| v.iter().any(|l| l.starts_with(p));
+    assert!(!has("isolation:"), "{v:#?}");
+    // Isolation: a task received by a worker of another lane, and an attempt the store
+    // records on a worker of another lane.
+    assert!(plan.lanes.len() >= 2, "{:?}", plan.lanes);
+    h.foreign.push("worker w1 of ns0/q0 received e9 attempt 1 of ns1/q0".into());
+    let v = kairos_simulation::check::check(&plan, &h);
+    assert!(v.iter().any(|l| l.starts_with("isolation: 1 tasks")), "{v:#?}");
+    h.foreign.clear();
+    h.workers.insert("w0".into(), 0);
+    h.workers.insert("w1".into(), 1);
+    let lane = &plan.lanes[0];
+    let attempts = ["w0", "w1"]
+        .iter()
+        .enumerate()
+        .map(|(i, w)| kairos_proto::v1::Attempt {
+            number: i as u32 + 1,
+            worker_id: w.to_string(),
+            ..Default::default()
+        })
+        .collect();
+    h.finals.get_mut("e1").expect("e1").1 = attempts;
+    h.finals.get_mut("e1").expect("e1").0.namespace = lane.namespace.clone();
+    h.finals.get_mut("e1").expect("e1").0.queue = lane.queue.clone();
+    let v = kairos_simulation::check::check(&plan, &h);
+    let isolation: Vec<_> = v.iter().filter(|l| l.starts_with("isolation:")).collect();
+    assert!(
+        isolation.len() == 1 && isolation[0].contains("attempt 2 recorded on worker w1"),
+        "{v:#?}"
+    );
     assert!(has("idempotency:"), "{v:#?}");
     assert!(has("early:"), "{v:#?}");
     assert!(has("fencing:"), "{v:#?}");

@@ -143,6 +143,8 @@ pub fn run_plan(plan: Plan) -> Outcome {
                 // One worker per node and lane: each serves its lane's namespace and queue
                 // only, and runs whatever it is sent (a task of another lane is recorded).
                 for n in &nodes {
+                    // The lanes' workers share one channel (one connection) to the node.
+                    let channel = crate::net::channel(n);
                     for (li, lane) in lanes.iter().enumerate() {
                         let id = format!("{host}-{n}-{}-{}-b{boot}", lane.namespace, lane.queue);
                         history
@@ -150,7 +152,7 @@ pub fn run_plan(plan: Plan) -> Outcome {
                             .unwrap_or_else(|e| e.into_inner())
                             .workers
                             .insert(id.clone(), li);
-                        let client = Client::from_channel(crate::net::channel(n))
+                        let client = Client::from_channel(channel.clone())
                             .with_timeout(Duration::from_secs(2))
                             .with_namespace(lane.namespace.clone());
                         let worker = Worker::new(client, lane.queue.clone(), id.clone())

@@ -261,15 +261,17 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
     // draws what it drew before there were lanes.
     let lane_rng = Rng::seeded(plan.seed ^ 0x1A4E_C11E);
     let nodes = plan.nodes.len();
-    // One client per (lane, node), each in its lane's namespace.
+    // One client per (lane, node), each in its lane's namespace; the lanes share one channel
+    // (one connection) per node.
+    let channels: Vec<_> = plan.nodes.iter().map(|n| crate::net::channel(&n.name)).collect();
     let clients: Vec<Vec<Client>> = plan
         .lanes
         .iter()
         .map(|l| {
-            plan.nodes
+            channels
                 .iter()
-                .map(|n| {
-                    Client::from_channel(crate::net::channel(&n.name))
+                .map(|c| {
+                    Client::from_channel(c.clone())
                         .with_timeout(Duration::from_secs(2))
                         .with_namespace(l.namespace.clone())
                 })

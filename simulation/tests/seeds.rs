@@ -107,6 +107,8 @@ fn the_checkers_find_violations() {
         status: ExecutionStatus::Succeeded as i32,
         attempt_count: 2,
         output_json: r#"{"token":1,"attempt":1}"#.into(),
+        namespace: plan.lanes[0].namespace.clone(),
+        queue: plan.lanes[0].queue.clone(),
         ..Execution::default()
     };
     h.finals.insert("e1".into(), (e, Vec::new()));
@@ -123,7 +125,6 @@ fn the_checkers_find_violations() {
     h.foreign.clear();
     h.workers.insert("w0".into(), 0);
     h.workers.insert("w1".into(), 1);
-    let lane = &plan.lanes[0];
     let attempts = ["w0", "w1"]
         .iter()
         .enumerate()
@@ -134,8 +135,6 @@ fn the_checkers_find_violations() {
         })
         .collect();
     h.finals.get_mut("e1").expect("e1").1 = attempts;
-    h.finals.get_mut("e1").expect("e1").0.namespace = lane.namespace.clone();
-    h.finals.get_mut("e1").expect("e1").0.queue = lane.queue.clone();
     let v = kairos_simulation::check::check(&plan, &h);
     let isolation: Vec<_> = v.iter().filter(|l| l.starts_with("isolation:")).collect();
     assert!(

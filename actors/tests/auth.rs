@@ -376,3 +376,51 @@ async fn the_cron_service_materializes_with_keys_required() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test]
+async fn an_open_worker_stream_ends_once_its_key_is_revoked() {
+    use kairos_proto::v1::{WorkOpen, WorkRequest};
+    let c = cluster().await;
+    let key = c.key("a", &["worker"]).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<WorkRequest>(8);
+    let open = WorkRequest {
+        open: Some(WorkOpen {
+            namespace: "a".into(),
+            queue: "q".into(),
+            worker_id: "w1".into(),
+            credits: 1,
+            lease_ms: 0,
+        }),
+        ..Default::default()
+    };
+    tx.send(open).await.unwrap();
+    let mut raw =
+        kairos_proto::v1::worker_service_client::WorkerServiceClient::connect(c.endpoint.clone())
+            .await
+            .unwrap();
+    let mut req =
+        tonic::Request::new(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx));
+    req.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+    let mut stream = raw.work(req).await.expect("the stream opens").into_inner();
+    // Still valid: a credit message changes nothing.
+    tx.send(WorkRequest { credits: 1, ..Default::default() }).await.unwrap();
+    let id = key.split('_').nth(1).unwrap().to_string();
+    c.client(Some(&c.root), "a").await.revoke_api_key(&id).await.unwrap();
+    // Past the key cache's time, the next message finds the key revoked: the stream ends.
+    tokio::time::sleep(Duration::from_millis(kairos_actors::auth::CACHE_MS as u64 + 200)).await;
+    tx.send(WorkRequest { credits: 1, ..Default::default() }).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(s) => return Some(s),
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    let s = end.expect("with an error");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(s.message().contains("revoked"), "{s:?}");
+}

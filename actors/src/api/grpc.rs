@@ -537,8 +537,18 @@ impl WorkerService for Api {
     type WorkStream = WorkStream;
 
     async fn work(&self, req: Request<Streaming<WorkRequest>>) -> Reply<Self::WorkStream> {
-        // Authenticated now; the namespace is checked once `open` names it.
+        // Authenticated now; the namespace is checked once `open` names it. A key (not the
+        // node's own principal) is checked again as the stream goes on: a revoked key ends it.
         let caller = self.principal(&req).await?;
+        let recheck: Option<Vec<u8>> = match req.extensions().get::<Principal>() {
+            Some(_) => None,
+            None => Some(
+                req.metadata()
+                    .get("authorization")
+                    .map(|v| v.as_bytes().to_vec())
+                    .unwrap_or_default(),
+            ),
+        };
         let mut inbound = req.into_inner();
         let mut first = match inbound.message().await? {
             Some(m) => m,
@@ -599,6 +609,8 @@ impl WorkerService for Api {
             let api = self.clone();
             tokio::spawn(async move {
                 let mut next = Some(first);
+                let clock = api.node.scheduler().clock().clone();
+                let mut checked_ms = clock.now().as_millis();
                 loop {
                     let m = match next.take() {
                         Some(m) => m,
@@ -607,6 +619,20 @@ impl WorkerService for Api {
                             Ok(None) | Err(_) => break,
                         },
                     };
+                    let now = clock.now().as_millis();
+                    if let Some(header) = &recheck
+                        && now.saturating_sub(checked_ms) >= crate::auth::CACHE_MS
+                    {
+                        checked_ms = now;
+                        let h = (!header.is_empty()).then_some(header.as_slice());
+                        // Only a refused key ends the stream (a busy store does not).
+                        if let Err(e @ ops::Error::Unauthenticated(_)) =
+                            api.node.auth().authenticate(h).await
+                        {
+                            let _ = out_tx.send(Err(status(&e))).await;
+                            break;
+                        }
+                    }
                     if m.open.is_some() {
                         let _ = out_tx
                             .send(Err(status(&invalid(

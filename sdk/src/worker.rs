@@ -199,7 +199,16 @@ impl Worker {
             let opened = tokio::time::timeout(Duration::from_secs(10), workers.work(stream)).await;
             let mut inbound = match opened {
                 Ok(Ok(r)) => r.into_inner(),
-                Ok(Err(s)) if s.code() == tonic::Code::InvalidArgument => {
+                // A bad setting, or a key the node refuses (missing, revoked, without the
+                // `worker` scope for this namespace): retrying cannot help.
+                Ok(Err(s))
+                    if matches!(
+                        s.code(),
+                        tonic::Code::InvalidArgument
+                            | tonic::Code::Unauthenticated
+                            | tonic::Code::PermissionDenied
+                    ) =>
+                {
                     return Err(Error::Status(s));
                 }
                 // The node refused this worker's certificate (mutual TLS): a setting to fix.

@@ -493,6 +493,14 @@ fn serve_requires_keys_and_kairosctl_manages_them() {
         &["submit", "registry://jobs/echo", "1", "--after", "60", "--inputs", r#"{"name": "x"}"#],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
+    // A worker whose key lacks the `worker` scope stops at once with the reason (exit 1).
+    let r = run(
+        KAIROS,
+        &["worker", "--queue", "echo", "--endpoint", &endpoint, "--namespace", "team-a"],
+        &[("KAIROS_API_KEY", &submit_key)],
+    );
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("`worker`"), "{}", r.stderr);
     let r = team(&submit_key, &["whoami"]);
     assert!(r.stdout.contains("namespace team-a"), "{}", r.stdout);
     let r = team(&submit_key, &["limits"]);

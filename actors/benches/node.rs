@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kairos_actors::config::NodeConfig;
-use kairos_actors::dispatcher::PollRequest;
 use kairos_actors::node::Node;
+use kairos_actors::runtime::dispatcher::PollRequest;
+use kairos_actors::server::config::NodeConfig;
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::embedded::EmbeddedDatabase;
 use kairos_layer::ops::submit::SubmitRequest;

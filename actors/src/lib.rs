@@ -13,28 +13,10 @@
 //! back), use no named-actor registry, and take every wait from the injected clock.
 
 pub mod api;
-pub mod auth;
-pub mod batcher;
-pub mod check;
 pub mod cli;
-pub mod config;
-pub mod context;
-pub mod cron_client;
-pub mod cron_owner;
-pub mod dispatcher;
-pub mod execution_supervisor;
-pub mod lease_manager;
-pub mod log_limit;
-pub mod matchmaker;
-pub mod metrics;
 pub mod node;
-pub mod node_supervisor;
-pub mod quota;
-pub mod retention;
-pub mod shard_owner;
-pub mod telemetry;
-pub mod tls;
-pub mod window;
+pub mod runtime;
+pub mod server;
 
 pub use node::Node;
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::v1;

@@ -10,9 +10,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use kairos_actors::api::grpc::Api;
-use kairos_actors::auth::AuthMode;
-use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
+use kairos_actors::server::auth::AuthMode;
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::v1::{ListExecutionsRequest, PollRequest};
@@ -407,7 +407,8 @@ async fn an_open_worker_stream_ends_once_its_key_is_revoked() {
     let id = key.split('_').nth(1).unwrap().to_string();
     c.client(Some(&c.root), "a").await.revoke_api_key(&id).await.unwrap();
     // Past the key cache's time, the next message finds the key revoked: the stream ends.
-    tokio::time::sleep(Duration::from_millis(kairos_actors::auth::CACHE_MS as u64 + 200)).await;
+    tokio::time::sleep(Duration::from_millis(kairos_actors::server::auth::CACHE_MS as u64 + 200))
+        .await;
     tx.send(WorkRequest { credits: 1, ..Default::default() }).await.unwrap();
     let end = tokio::time::timeout(Duration::from_secs(10), async {
         loop {

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kairos_actors::config::{Backend, NodeConfig};
-use kairos_actors::dispatcher::PollRequest;
 use kairos_actors::node::Node;
+use kairos_actors::runtime::dispatcher::PollRequest;
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::Database;
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_actors::api::grpc::Api;
-use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_sdk::{Client, Task, Worker};

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kairos_actors::config::NodeConfig;
+use kairos_actors::server::config::NodeConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Accepts OTLP/HTTP posts and keeps their bodies.
@@ -54,11 +54,11 @@ async fn collector() -> (String, Arc<Mutex<Vec<Vec<u8>>>>) {
 async fn execution_spans_join_the_submitters_trace() {
     let (url, got) = collector().await;
     let config = NodeConfig { otlp_endpoint: Some(url), ..NodeConfig::default() };
-    let guard = kairos_actors::telemetry::init(&config).unwrap();
+    let guard = kairos_actors::server::telemetry::init(&config).unwrap();
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let tp = format!("00-{trace_id}-00f067aa0ba902b7-01");
     {
-        let span = kairos_actors::telemetry::execution_span("kairos.submit", &tp);
+        let span = kairos_actors::server::telemetry::execution_span("kairos.submit", &tp);
         span.record("execution_id", "01EXAMPLE");
         let _in = span.enter();
     }

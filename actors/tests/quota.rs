@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use kairos_actors::config::{Backend, NodeConfig, Quota, Quotas};
 use kairos_actors::node::Node;
+use kairos_actors::server::config::{Backend, NodeConfig, Quota, Quotas};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_layer::ops::Error;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::StoreHealth;
 use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions};

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use kairos_actors::config::{Backend, NodeConfig};
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::Rng;
 use kairos_layer::kv::memory::FaultConfig;
 

@@ -213,7 +213,7 @@ pub fn run_plan(plan: Plan) -> Outcome {
     // Rare paths reached, from the nodes' own counters (every incarnation) and the store.
     for n in nodes_seen.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         let m = n.metrics();
-        let outcomes = kairos_actors::metrics::OUTCOMES;
+        let outcomes = kairos_actors::server::metrics::OUTCOMES;
         for (i, o) in outcomes.iter().enumerate() {
             if *o == "fenced_out" {
                 *h.reached.entry("result fenced out (stale token)").or_default() +=

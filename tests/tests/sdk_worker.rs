@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use kairos_actors::api::grpc::Api;
-use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
+use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::v1::worker_service_client::WorkerServiceClient;

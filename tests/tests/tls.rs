@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kairos_actors::api::{grpc::Api, http};
-use kairos_actors::config::{Backend, NodeConfig};
 use kairos_actors::node::Node;
-use kairos_actors::tls::{ServerTls, TlsFiles};
+use kairos_actors::server::config::{Backend, NodeConfig};
+use kairos_actors::server::tls::{ServerTls, TlsFiles};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::v1::ExecutionStatus;

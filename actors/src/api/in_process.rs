@@ -73,7 +73,7 @@ type Reply<T> = Result<Response<T>, Status>;
 /// The call as made by the cron service itself (a principal on the request's extensions, which
 /// only code in this process can set: no API key needed, audited as `cron`).
 fn as_cron<T>(mut r: Request<T>) -> Request<T> {
-    r.extensions_mut().insert(crate::auth::Principal::unrestricted("cron"));
+    r.extensions_mut().insert(crate::server::auth::Principal::unrestricted("cron"));
     r
 }
 

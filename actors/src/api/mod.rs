@@ -7,6 +7,7 @@ pub mod convert;
 pub mod errors;
 pub mod grpc;
 pub mod http;
+pub mod in_process;
 pub mod json;
 
 use kairos_layer::ops::{self, error::invalid};

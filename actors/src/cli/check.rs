@@ -14,7 +14,7 @@ use kairos_layer::kv::Database;
 use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions, EngineCheck, check_file};
 use kairos_layer::ops::check::{CheckReport, check_records};
 
-use crate::config::{Backend, NodeConfig};
+use crate::server::config::{Backend, NodeConfig};
 
 /// Findings printed (the report keeps more; the count is exact).
 const PRINTED: usize = 50;

@@ -14,13 +14,15 @@
 
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
+pub mod check;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::Node;
-use crate::auth::AuthMode;
-use crate::config::{Backend, NodeConfig};
+use crate::server::auth::AuthMode;
+use crate::server::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
@@ -218,7 +220,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
                 config.set("backend", b)?;
             }
             config.validate()?;
-            let damaged = runtime()?.block_on(crate::check::run(&config))?;
+            let damaged = runtime()?.block_on(crate::cli::check::run(&config))?;
             if damaged {
                 bail!("the store is damaged (see above)");
             }
@@ -418,10 +420,10 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     #[cfg(feature = "fdb")]
     let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
     // Kept to the end of `run`: flushes exported spans.
-    let _telemetry = crate::telemetry::init(&config)?;
+    let _telemetry = crate::server::telemetry::init(&config)?;
     // Before anything starts: a TLS file that cannot be used is a configuration error.
-    let tls = match crate::tls::TlsFiles::from_config(&config) {
-        Some(files) => Some(crate::tls::ServerTls::load(files)?),
+    let tls = match crate::server::tls::TlsFiles::from_config(&config) {
+        Some(files) => Some(crate::server::tls::ServerTls::load(files)?),
         None => None,
     };
     let clock: SharedClock = Arc::new(SystemClock::default());

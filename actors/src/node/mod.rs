@@ -20,20 +20,20 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::task::JoinHandle;
 
-use crate::batcher::Batcher;
-use crate::config::NodeConfig;
-use crate::context::{Ctx, Routes};
-use crate::dispatcher::{DispatcherMsg, PollRequest, SessionOpen};
-use crate::matchmaker::Matchmaker;
-use crate::metrics::Metrics;
-use crate::node_supervisor::{NodeMsg, NodeSupervisor};
+use crate::runtime::batcher::Batcher;
+use crate::runtime::context::{Ctx, Routes};
+use crate::runtime::dispatcher::{DispatcherMsg, PollRequest, SessionOpen};
+use crate::runtime::matchmaker::Matchmaker;
+use crate::runtime::supervisor::{NodeMsg, NodeSupervisor};
+use crate::server::config::NodeConfig;
+use crate::server::metrics::Metrics;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The configuration is invalid.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::server::config::ConfigError),
     /// The cluster could not be opened.
     #[error("opening the cluster: {0}")]
     Cluster(#[from] Error),
@@ -69,12 +69,12 @@ impl Node {
         rng: Rng,
     ) -> Result<Node, StartError> {
         config.validate()?;
-        let node_id = config.node_id.clone().ok_or_else(|| crate::config::ConfigError {
+        let node_id = config.node_id.clone().ok_or_else(|| crate::server::config::ConfigError {
             setting: "node_id".into(),
             reason: "must be set to start a node".into(),
         })?;
         let metrics = Arc::new(Metrics::default());
-        if config.backend == crate::config::Backend::Embedded {
+        if config.backend == crate::server::config::Backend::Embedded {
             let cache = i64::try_from(config.store_cache_mib * 1024 * 1024).unwrap_or(i64::MAX);
             metrics.store_cache_bytes.store(cache, Ordering::Relaxed);
         }
@@ -89,20 +89,20 @@ impl Node {
             .await?
             .with_namespace_weights(config.namespace_weights.clone())
             .with_fair_scan(config.fair_scan_rows);
-        let slot: crate::cron_client::NodeSlot = Arc::default();
-        let cron = crate::cron_owner::CronCtx {
-            executions: crate::cron_client::SdkExecutions(crate::cron_client::in_process_client(
-                slot.clone(),
-            )),
+        let slot: crate::api::in_process::NodeSlot = Arc::default();
+        let cron = crate::runtime::cron_owner::CronCtx {
+            executions: crate::api::in_process::SdkExecutions(
+                crate::api::in_process::in_process_client(slot.clone()),
+            ),
             metrics: Arc::default(),
         };
         let ctx = Ctx {
             cron,
             batcher: Batcher::start(sched.clone()),
             matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
-            quotas: Arc::new(crate::quota::Quotas::new(config.quotas.clone())),
-            auth: Arc::new(crate::auth::Auth::new(
-                config.auth.unwrap_or(crate::auth::AuthMode::Off),
+            quotas: Arc::new(crate::server::quota::Quotas::new(config.quotas.clone())),
+            auth: Arc::new(crate::server::auth::Auth::new(
+                config.auth.unwrap_or(crate::server::auth::AuthMode::Off),
                 sched.clone(),
             )),
             sched,
@@ -136,12 +136,12 @@ impl Node {
     }
 
     /// The node's configuration.
-    pub fn config(&self) -> &crate::config::NodeConfig {
+    pub fn config(&self) -> &crate::server::config::NodeConfig {
         &self.ctx().config
     }
 
     /// API keys: who is calling and what they may do.
-    pub fn auth(&self) -> &crate::auth::Auth {
+    pub fn auth(&self) -> &crate::server::auth::Auth {
         &self.ctx().auth
     }
 
@@ -274,8 +274,8 @@ impl Node {
             Ok(()) => Ok(()),
             Err((which, e)) => {
                 let c = match which {
-                    crate::quota::Refused::Rate => &ctx.metrics.quota_refused_rate,
-                    crate::quota::Refused::Pending => &ctx.metrics.quota_refused_pending,
+                    crate::server::quota::Refused::Rate => &ctx.metrics.quota_refused_rate,
+                    crate::server::quota::Refused::Pending => &ctx.metrics.quota_refused_pending,
                 };
                 c.fetch_add(n as u64, Ordering::Relaxed);
                 Err(e)
@@ -506,7 +506,7 @@ impl Node {
         let mut reg = prometheus_client::registry::Registry::default();
         self.ctx().metrics.register(&mut reg, &states);
         self.ctx().cron.metrics.register(&mut reg);
-        crate::metrics::encode(&reg)
+        crate::server::metrics::encode(&reg)
     }
 
     /// Drains: stops serving polls (waiting ones get no work), lets in-flight transactions
@@ -566,7 +566,7 @@ fn spawn_retention(node: std::sync::Weak<Inner>) {
             let Some(inner) = node.upgrade() else { return };
             let ctx = inner.ctx.clone();
             drop(inner); // a stopping node is not kept alive by its sweeper
-            crate::retention::sweep(&ctx).await;
+            crate::runtime::retention::sweep(&ctx).await;
         }
     });
 }

@@ -12,12 +12,12 @@ use kairos_layer::keys::TimerKey;
 use kairos_layer::ops::Scheduler;
 use ractor::{ActorId, ActorRef, Message};
 
-use crate::batcher::Batcher;
-use crate::config::NodeConfig;
-use crate::dispatcher::DispatcherMsg;
-use crate::matchmaker::Matchmaker;
-use crate::metrics::Metrics;
-use crate::shard_owner::OwnerMsg;
+use crate::runtime::batcher::Batcher;
+use crate::runtime::dispatcher::DispatcherMsg;
+use crate::runtime::matchmaker::Matchmaker;
+use crate::runtime::shard_owner::OwnerMsg;
+use crate::server::config::NodeConfig;
+use crate::server::metrics::Metrics;
 
 /// Shared by the actors of one node.
 #[derive(Clone)]
@@ -39,11 +39,11 @@ pub struct Ctx {
     /// Results and heartbeats, batched into few transactions.
     pub batcher: Batcher,
     /// What the cron shard owners share.
-    pub cron: crate::cron_owner::CronCtx,
+    pub cron: crate::runtime::cron_owner::CronCtx,
     /// Per-namespace quotas and their state on this node.
-    pub quotas: Arc<crate::quota::Quotas>,
+    pub quotas: Arc<crate::server::quota::Quotas>,
     /// API keys: who is calling and what they may do.
-    pub auth: Arc<crate::auth::Auth>,
+    pub auth: Arc<crate::server::auth::Auth>,
 }
 
 impl Ctx {
@@ -58,7 +58,7 @@ impl Ctx {
 pub struct Routes {
     owners: Mutex<BTreeMap<u32, ActorRef<OwnerMsg>>>,
     dispatcher: Mutex<Option<ActorRef<DispatcherMsg>>>,
-    cron_owners: Mutex<BTreeMap<u32, ActorRef<crate::cron_owner::CronMsg>>>,
+    cron_owners: Mutex<BTreeMap<u32, ActorRef<crate::runtime::cron_owner::CronMsg>>>,
 }
 
 impl Routes {
@@ -117,7 +117,11 @@ impl Routes {
         self.owners.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
     }
 
-    pub(crate) fn set_cron_owner(&self, shard: u32, owner: ActorRef<crate::cron_owner::CronMsg>) {
+    pub(crate) fn set_cron_owner(
+        &self,
+        shard: u32,
+        owner: ActorRef<crate::runtime::cron_owner::CronMsg>,
+    ) {
         self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, owner);
     }
 
@@ -133,7 +137,7 @@ impl Routes {
     pub fn cron_hint(&self, shard: u32, namespace: &str, cron_job_id: &str) {
         let owner = self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned();
         if let Some(o) = owner {
-            let _ = o.send_message(crate::cron_owner::CronMsg::Hint {
+            let _ = o.send_message(crate::runtime::cron_owner::CronMsg::Hint {
                 namespace: namespace.to_string(),
                 cron_job_id: cron_job_id.to_string(),
             });

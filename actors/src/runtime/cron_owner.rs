@@ -17,9 +17,9 @@ use kairos_layer::ops::cron::owner::CronDue;
 use kairos_layer::ops::cron::round::RoundReport;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::context::{Ctx, send_after};
-use crate::cron_client::SdkExecutions;
-use crate::metrics::Histogram;
+use crate::api::in_process::SdkExecutions;
+use crate::runtime::context::{Ctx, send_after};
+use crate::server::metrics::Histogram;
 
 /// Rounds one owner runs at once.
 const ROUNDS_IN_FLIGHT_MAX: usize = 16;
@@ -90,7 +90,7 @@ impl CronMetrics {
 
     /// Registers the cron metrics.
     pub fn register(&self, reg: &mut prometheus_client::registry::Registry) {
-        use crate::metrics::{counter, counters_by, gauge, seconds};
+        use crate::server::metrics::{counter, counters_by, gauge, seconds};
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         counter(
             reg,
@@ -341,8 +341,8 @@ impl Actor for CronShardOwner {
                         return Ok(());
                     }
                     Err(e) => {
-                        static LIMIT: crate::log_limit::LogLimit =
-                            crate::log_limit::LogLimit::new(1_000);
+                        static LIMIT: crate::server::log_limit::LogLimit =
+                            crate::server::log_limit::LogLimit::new(1_000);
                         if let Some(suppressed) = LIMIT.allow(now) {
                             tracing::warn!(shard = s.shard, error = %e, suppressed, "cron scan failed");
                         }
@@ -371,8 +371,8 @@ impl Actor for CronShardOwner {
                         return Ok(());
                     }
                     Err(e) => {
-                        static LIMIT: crate::log_limit::LogLimit =
-                            crate::log_limit::LogLimit::new(1_000);
+                        static LIMIT: crate::server::log_limit::LogLimit =
+                            crate::server::log_limit::LogLimit::new(1_000);
                         if let Some(suppressed) = LIMIT.allow(now) {
                             tracing::warn!(cron_job = %job.1, error = %e, suppressed, "cron round failed; retrying");
                         }

@@ -16,8 +16,8 @@ use kairos_layer::ops::Error;
 use kairos_layer::ops::fire::Fired;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::context::{Ctx, send_after};
-use crate::shard_owner::{after_fired, hint_ready_queues, is_ownership_lost};
+use crate::runtime::context::{Ctx, send_after};
+use crate::runtime::shard_owner::{after_fired, hint_ready_queues, is_ownership_lost};
 
 /// Messages of an execution supervisor.
 #[derive(Debug)]
@@ -172,8 +172,8 @@ impl Actor for ExecutionSupervisor {
                     if is_ownership_lost(&e) {
                         myself.stop(Some("ownership lost".into()));
                     } else {
-                        static LIMIT: crate::log_limit::LogLimit =
-                            crate::log_limit::LogLimit::new(1_000);
+                        static LIMIT: crate::server::log_limit::LogLimit =
+                            crate::server::log_limit::LogLimit::new(1_000);
                         if let Some(suppressed) = LIMIT.allow(s.ctx.now_ms()) {
                             tracing::warn!(execution = %s.timer.execution_id, error = %e, suppressed, "timer failed; retrying in 1 s");
                         }

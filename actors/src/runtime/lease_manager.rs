@@ -18,9 +18,9 @@ use kairos_layer::ops::leases::PartitionLease;
 use kairos_proto::storage::v1::Node;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::context::{Ctx, send_after};
-use crate::cron_owner::{CronOwnerArgs, CronShardOwner};
-use crate::shard_owner::{OwnerArgs, ShardOwner};
+use crate::runtime::context::{Ctx, send_after};
+use crate::runtime::cron_owner::{CronOwnerArgs, CronShardOwner};
+use crate::runtime::shard_owner::{OwnerArgs, ShardOwner};
 
 /// A partition of a space.
 pub type PartitionId = (Space, u32);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kairos_layer::ops::retention::SWEEP_BATCH_MAX;
 
-use crate::context::Ctx;
+use crate::runtime::context::Ctx;
 
 /// Pause between two sweep transactions.
 const BETWEEN_BATCHES: Duration = Duration::from_millis(20);

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::context::{Ctx, send_after};
-use crate::dispatcher::{Dispatcher, DispatcherMsg};
-use crate::lease_manager::{LeaseManager, LeaseMsg};
+use crate::runtime::context::{Ctx, send_after};
+use crate::runtime::dispatcher::{Dispatcher, DispatcherMsg};
+use crate::runtime::lease_manager::{LeaseManager, LeaseMsg};
 
 /// The children of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

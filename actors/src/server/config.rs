@@ -88,7 +88,7 @@ pub struct NodeConfig {
     /// gRPC listen address: the `kairos.v1` services.
     pub listen_grpc: SocketAddr,
     /// PEM certificate chain both listeners present (TLS is on when set; plain TCP otherwise).
-    /// Reloaded when it changes ([`crate::tls`]).
+    /// Reloaded when it changes ([`crate::server::tls`]).
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file` (required with it).
     pub tls_key_file: Option<PathBuf>,
@@ -163,7 +163,7 @@ pub struct NodeConfig {
     /// `keys`: every API call needs an API key; `off`: none (anyone who reaches the ports may
     /// do everything). Absent: `kairos serve` requires keys, `kairos dev` and nodes embedded
     /// in a program do not.
-    pub auth: Option<crate::auth::AuthMode>,
+    pub auth: Option<crate::server::auth::AuthMode>,
 }
 
 impl Default for NodeConfig {
@@ -328,8 +328,8 @@ impl NodeConfig {
             "store_cache_mib" => self.store_cache_mib = num(value)?,
             "auth" => {
                 self.auth = Some(match value {
-                    "keys" => crate::auth::AuthMode::Keys,
-                    "off" => crate::auth::AuthMode::Off,
+                    "keys" => crate::server::auth::AuthMode::Keys,
+                    "off" => crate::server::auth::AuthMode::Off,
                     other => return Err(bad(setting, format!("{other:?} is not keys or off"))),
                 })
             }

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use kairos_layer::ops::{self, Scheduler};
 use kairos_proto::storage::v1::ExecutionStatus;
 
-use crate::config::Quotas as QuotaConfig;
+use crate::server::config::Quotas as QuotaConfig;
 
 /// How long unfinished-execution counts are trusted before they are read again.
 const PENDING_REFRESH_MS: i64 = 1_000;

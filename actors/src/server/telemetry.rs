@@ -9,7 +9,7 @@
 //! execution's id) and `kairos.dispatch` (an attempt handed to a worker). The worker continues
 //! the trace from `Task.traceparent`.
 
-use crate::config::{LogFormat, NodeConfig};
+use crate::server::config::{LogFormat, NodeConfig};
 
 /// The target of the node's execution spans.
 pub const TARGET: &str = "kairos::trace";

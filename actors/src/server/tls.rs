@@ -35,7 +35,7 @@ use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 
-use crate::config::{ConfigError, NodeConfig};
+use crate::server::config::{ConfigError, NodeConfig};
 
 /// Longest a client may take over its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use super::{Api, or_default};
 use crate::api::convert;
 use crate::api::errors::status;
-use crate::auth::Scope;
+use crate::server::auth::Scope;
 
 type Reply<T> = Result<Response<T>, Status>;
 

@@ -26,10 +26,10 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use super::errors::status;
-use crate::auth::{Principal, Scope};
-use crate::dispatcher::{PollRequest as NodePoll, SessionOpen};
 use crate::node::Node;
-use crate::tls::ServerTls;
+use crate::runtime::dispatcher::{PollRequest as NodePoll, SessionOpen};
+use crate::server::auth::{Principal, Scope};
+use crate::server::tls::ServerTls;
 use tracing::Instrument as _;
 
 pub mod cron;
@@ -169,7 +169,8 @@ impl Api {
                 }
             };
             if !e.traceparent.is_empty() {
-                let span = crate::telemetry::execution_span("kairos.dispatch", &e.traceparent);
+                let span =
+                    crate::server::telemetry::execution_span("kairos.dispatch", &e.traceparent);
                 span.record("execution_id", e.id.as_str());
             }
             out.push(convert::task(c, execution_json, now));
@@ -208,7 +209,8 @@ impl Api {
             let served = match tls {
                 None => router.serve_with_incoming_shutdown(accepted(listener), shutdown).await,
                 Some(tls) => {
-                    let handshaken = crate::tls::accept(listener, move || tls.grpc_config());
+                    let handshaken =
+                        crate::server::tls::accept(listener, move || tls.grpc_config());
                     let incoming = tokio_stream::wrappers::ReceiverStream::new(handshaken)
                         .map(|(io, _peer)| Ok::<_, std::io::Error>(io));
                     router.serve_with_incoming_shutdown(incoming, shutdown).await
@@ -282,7 +284,7 @@ impl ExecutionService for Api {
         let trace = traceparent_of(&req);
         let (r, full) =
             self.submit_request(req.into_inner(), trace.as_deref()).map_err(|e| status(&e))?;
-        let span = crate::telemetry::execution_span(
+        let span = crate::server::telemetry::execution_span(
             "kairos.submit",
             r.traceparent.as_deref().unwrap_or_default(),
         );
@@ -621,7 +623,7 @@ impl WorkerService for Api {
                     };
                     let now = clock.now().as_millis();
                     if let Some(header) = &recheck
-                        && now.saturating_sub(checked_ms) >= crate::auth::CACHE_MS
+                        && now.saturating_sub(checked_ms) >= crate::server::auth::CACHE_MS
                     {
                         checked_ms = now;
                         let h = (!header.is_empty()).then_some(header.as_slice());
@@ -980,7 +982,7 @@ impl AdminService for Api {
             who: p.who,
             namespace: p.namespace,
             scopes: p.scopes,
-            authentication: self.node.auth().mode() == crate::auth::AuthMode::Keys,
+            authentication: self.node.auth().mode() == crate::server::auth::AuthMode::Keys,
         })
     }
 

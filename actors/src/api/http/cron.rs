@@ -28,8 +28,8 @@ use super::input::authorized;
 use super::{error_response, hex_decode, hex_encode, respond};
 use crate::api::grpc::cron::{cron_job, inputs_bytes, stored_policies};
 use crate::api::json::{self, parse_rfc3339, rfc3339};
-use crate::auth::Scope;
 use crate::node::Node;
+use crate::server::auth::Scope;
 
 /// The JSON view of a cron job.
 fn view(j: &kairos_proto::storage::v1::CronJob) -> Value {

@@ -24,8 +24,8 @@ pub fn namespace(headers: &HeaderMap) -> Result<String, ops::Error> {
 pub async fn authorized(
     node: &crate::Node,
     headers: &HeaderMap,
-    scope: crate::auth::Scope,
-) -> Result<(String, crate::auth::Principal), ops::Error> {
+    scope: crate::server::auth::Scope,
+) -> Result<(String, crate::server::auth::Principal), ops::Error> {
     let header = headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
     let caller = node.auth().authenticate(header).await?;
     let ns = namespace(headers)?;

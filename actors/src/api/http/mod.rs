@@ -27,9 +27,9 @@ pub(crate) use self::input::namespace;
 use self::input::{authorized, json_body, query_error};
 use super::errors;
 use super::json::{self, parse_rfc3339};
-use crate::auth::Scope;
 use crate::node::Node;
-use crate::tls::{HttpListener, ServerTls};
+use crate::server::auth::Scope;
+use crate::server::tls::{HttpListener, ServerTls};
 
 mod admin;
 mod cron;
@@ -109,8 +109,10 @@ async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Re
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
-    let span =
-        crate::telemetry::execution_span("kairos.submit", req.traceparent.as_deref().unwrap_or(""));
+    let span = crate::server::telemetry::execution_span(
+        "kairos.submit",
+        req.traceparent.as_deref().unwrap_or(""),
+    );
     let submitted = tracing::Instrument::instrument(node.submit(req), span.clone()).await;
     if let Ok(s) = &submitted {
         span.record("execution_id", s.execution.id.as_str());
@@ -316,7 +318,7 @@ async fn list_definitions(State(node): State<Node>, headers: HeaderMap) -> Respo
 }
 
 async fn metrics(State(node): State<Node>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], node.metrics_text().await)
+    ([(header::CONTENT_TYPE, crate::server::metrics::CONTENT_TYPE)], node.metrics_text().await)
 }
 
 /// `200 ok …` while the store takes writes; `503` with the reason while it refuses them (a full

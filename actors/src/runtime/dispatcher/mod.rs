@@ -31,8 +31,8 @@ use kairos_layer::ops::{Error, error::invalid, limits::CLAIM_BATCH_MAX};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
 
-use crate::context::{Ctx, send_after};
-use crate::matchmaker::QueueKey;
+use crate::runtime::context::{Ctx, send_after};
+use crate::runtime::matchmaker::QueueKey;
 
 /// A worker's long poll.
 #[derive(Debug, Clone, PartialEq, Eq)]

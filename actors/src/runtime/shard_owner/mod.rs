@@ -9,6 +9,8 @@
 //! Transactions run in spawned tasks whose results come back as messages: a handler never
 //! waits on the store.
 
+pub mod window;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -18,10 +20,10 @@ use kairos_layer::ops::{self, Error};
 use kairos_proto::storage::v1::{ExecutionStatus, TimerKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use crate::context::{Ctx, send_after};
-use crate::dispatcher::DispatcherMsg;
-use crate::execution_supervisor::{ExecMsg, ExecutionSupervisor, SupervisorArgs};
-use crate::window::{OwnerAction, Window};
+use crate::runtime::context::{Ctx, send_after};
+use crate::runtime::dispatcher::DispatcherMsg;
+use crate::runtime::execution_timer::{ExecMsg, ExecutionSupervisor, SupervisorArgs};
+use crate::runtime::shard_owner::window::{OwnerAction, Window};
 
 /// Messages of a shard owner.
 #[derive(Debug)]

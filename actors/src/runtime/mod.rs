@@ -1,0 +1,12 @@
+//! The node's actors and what they share.
+
+pub mod batcher;
+pub mod context;
+pub mod cron_owner;
+pub mod dispatcher;
+pub mod execution_timer;
+pub mod lease_manager;
+pub mod matchmaker;
+pub mod retention;
+pub mod shard_owner;
+pub mod supervisor;

@@ -12,6 +12,7 @@ pub mod env;
 pub mod ids;
 pub mod keys;
 pub mod kv;
+pub mod limits;
 pub mod ops;
 pub mod state;
 pub mod tuple;

@@ -215,7 +215,7 @@ impl Default for NodeConfig {
 /// The largest clock-skew bound a node accepts: a quarter of the shortest attempt lease
 /// (1 s), so a worker heartbeating at a third of its lease is never timed out by a node whose
 /// clock runs ahead.
-pub const MAX_CLOCK_SKEW_MS_LIMIT: u64 = kairos_layer::ops::limits::LEASE_MS_MIN / 4;
+pub const MAX_CLOCK_SKEW_MS_LIMIT: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
 
 /// A configuration error naming the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -379,7 +379,7 @@ impl NodeConfig {
         if self.ready_partitions > self.shard_count {
             return Err(bad("ready_partitions", "must be at most shard_count"));
         }
-        if self.cron_lookahead_ms > kairos_layer::ops::limits::CRON_LOOKAHEAD_MAX_MS {
+        if self.cron_lookahead_ms > kairos_layer::limits::CRON_LOOKAHEAD_MAX_MS {
             return Err(bad("cron_lookahead_ms", "must be at most 3600000 (1 hour)"));
         }
         if self.shard_lease_ms < 1_000 {

@@ -12,7 +12,7 @@
 //! ahead.
 
 use super::policy::{MissedPolicy, OverlapPolicy, Policies};
-use crate::ops::limits::{
+use crate::limits::{
     CRON_CHECK_INTERVAL_MAX_MS, CRON_CHECK_INTERVAL_MIN_MS, CRON_MATERIALIZE_PER_ROUND_MAX,
     CRON_MISSED_AFTER_MS, CRON_OUTSTANDING_MAX, CRON_QUEUE_MAX, CRON_SCAN_PER_ROUND_MAX,
 };

@@ -1,7 +1,7 @@
 //! The per-schedule policies, their names (as the API spells them) and defaults.
 
 use super::zone::{FoldPolicy, GapPolicy};
-use crate::ops::limits::{CRON_CATCH_UP_WINDOW_MAX_MS, CRON_JITTER_MAX_MS};
+use crate::limits::{CRON_CATCH_UP_WINDOW_MAX_MS, CRON_JITTER_MAX_MS};
 
 /// Occurrences that passed without being materialized (node down, paused, lookahead lost).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -10,11 +10,11 @@ use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::limits::{CLAIM_BATCH_MAX, CLAIM_SCAN_MAX};
 use super::records::{load_execution, running_attempt};
 use super::submit::check_name;
 use super::worker::check_lease_ms;
 use crate::kv::{KeyValue, Transaction};
+use crate::limits::{CLAIM_BATCH_MAX, CLAIM_SCAN_MAX};
 
 /// An execution handed to a worker: the attempt carries the fencing token its results must
 /// present.

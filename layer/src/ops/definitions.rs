@@ -4,11 +4,11 @@ use kairos_proto::storage::v1::JobDefinition;
 
 use super::Scheduler;
 use super::error::{Error, Result};
-use super::limits::LIST_PAGE_MAX;
 use super::records::{decode, encode};
 use super::submit::check_name;
 use crate::keys::Keyspace;
 use crate::kv::Transaction;
+use crate::limits::LIST_PAGE_MAX;
 
 /// Reads one definition version.
 pub(crate) async fn load(

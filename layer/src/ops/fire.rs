@@ -16,12 +16,12 @@ use super::Scheduler;
 use super::claim::Claimed;
 use super::error::{Error, Result};
 use super::leases::check_epoch;
-use super::limits::{FIRE_BATCH_MAX, FIRE_BUCKETS_PER_CALL_MAX};
 use super::records::{decode, encode, load_execution, require_execution, watermark};
 use super::worker::{RELEASES_UNCOUNTED_MAX, attempt_deadline_ms, attempt_timeout_at_ms};
 use crate::ids::bucket_of;
 use crate::keys::{Space, TimerKey};
 use crate::kv::{KeyValue, Transaction};
+use crate::limits::{FIRE_BATCH_MAX, FIRE_BUCKETS_PER_CALL_MAX};
 use crate::state::{AttemptEvent, ExecutionEvent, execution_transition};
 
 /// A waiting worker's slot, reserved for an execution fired now.

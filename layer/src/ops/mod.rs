@@ -28,7 +28,6 @@ pub mod definitions;
 pub mod error;
 pub mod fire;
 pub mod leases;
-pub mod limits;
 pub mod query;
 pub mod records;
 pub mod retention;
@@ -101,10 +100,10 @@ impl Scheduler {
         rng: Rng,
         params: ClusterParams,
     ) -> Result<Scheduler> {
-        if params.shard_count == 0 || params.shard_count > limits::SHARD_COUNT_MAX {
+        if params.shard_count == 0 || params.shard_count > crate::limits::SHARD_COUNT_MAX {
             return Err(error::invalid(
                 "shard_count",
-                format!("must be between 1 and {}", limits::SHARD_COUNT_MAX),
+                format!("must be between 1 and {}", crate::limits::SHARD_COUNT_MAX),
             ));
         }
         if params.bucket_width_ms < 1_000 {

@@ -8,12 +8,12 @@ use kairos_proto::storage::v1::{
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::limits::LIST_PAGE_MAX;
 use super::records::{decode, is_indexed, running_attempt, succeeded_attempt};
 use super::submit::{check_name, check_ref};
 use crate::keys::Tag;
 use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
+use crate::limits::LIST_PAGE_MAX;
 
 /// A list query. Filters combine; the time range is on `execute_at`.
 #[derive(Debug, Clone, PartialEq, Default)]

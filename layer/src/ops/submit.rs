@@ -5,7 +5,7 @@ use kairos_proto::storage::v1::{
 };
 
 use super::error::{Error, Result, invalid};
-use super::limits::{
+use crate::limits::{
     EXECUTE_AT_FUTURE_MAX_MS, EXECUTE_AT_PAST_MAX_MS, IDEMPOTENCY_KEY_BYTES_MAX, INPUT_BYTES_MAX,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,14 +78,14 @@ pub struct Submitted {
 /// Checks a namespace / queue / worker id style name.
 pub fn check_name(field: &str, value: &str) -> Result<()> {
     let ok = !value.is_empty()
-        && value.len() <= super::limits::NAME_BYTES_MAX
+        && value.len() <= crate::limits::NAME_BYTES_MAX
         && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:/@".contains(&b));
     if !ok {
         return Err(invalid(
             field,
             format!(
                 "must be 1-{} characters of letters, digits and -_.:/@, got {}",
-                super::limits::NAME_BYTES_MAX,
+                crate::limits::NAME_BYTES_MAX,
                 super::error::shown(value)
             ),
         ));
@@ -102,12 +102,12 @@ pub fn check_ref(ns: &str, id: &str) -> Result<()> {
 
 /// Checks an idempotency key's length.
 pub fn check_idempotency_key(key: &str) -> Result<()> {
-    if key.is_empty() || key.len() > super::limits::IDEMPOTENCY_KEY_BYTES_MAX {
+    if key.is_empty() || key.len() > crate::limits::IDEMPOTENCY_KEY_BYTES_MAX {
         return Err(invalid(
             "idempotencyKey",
             format!(
                 "must be 1-{} bytes, got {} bytes",
-                super::limits::IDEMPOTENCY_KEY_BYTES_MAX,
+                crate::limits::IDEMPOTENCY_KEY_BYTES_MAX,
                 key.len()
             ),
         ));

@@ -14,13 +14,13 @@ use kairos_proto::storage::v1::{
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::limits::{
-    ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
-    OUTPUT_REFERENCE_BYTES_MAX,
-};
 use super::records::{decode, load_execution, running_attempt, watermark};
 use super::retry::retry_delay_ms;
 use crate::kv::Transaction;
+use crate::limits::{
+    ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
+    OUTPUT_REFERENCE_BYTES_MAX,
+};
 use crate::state::{AttemptEvent, ExecutionEvent, attempt_transition, execution_transition};
 
 /// How an attempt ended, as its worker reports it.

@@ -523,7 +523,7 @@ impl Api {
 type WorkStream = Pin<Box<dyn Stream<Item = Result<WorkResponse, Status>> + Send + 'static>>;
 
 fn check_lease(lease_ms: u64) -> Result<Option<u64>, ops::Error> {
-    use kairos_layer::ops::limits::{LEASE_MS_MAX, LEASE_MS_MIN};
+    use kairos_layer::limits::{LEASE_MS_MAX, LEASE_MS_MIN};
     match lease_ms {
         0 => Ok(None),
         l if (LEASE_MS_MIN..=LEASE_MS_MAX).contains(&l) => Ok(Some(l)),
@@ -998,7 +998,7 @@ impl AdminService for Api {
             .filter(|(s, _)| matches!(s, S::Scheduled | S::Ready | S::Running | S::RetryWait))
             .map(|(_, n)| (*n).max(0) as u64)
             .sum();
-        use kairos_layer::ops::limits as l;
+        use kairos_layer::limits as l;
         ok(LimitsResponse {
             namespace: ns.clone(),
             submit_per_s: quota.submit_per_s,

@@ -24,10 +24,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kairos_layer::limits::CLAIM_BATCH_MAX;
 use kairos_layer::ops::claim::{CLAIM_MANY_MAX, ClaimSlot, Claimed};
 use kairos_layer::ops::fire::Grant;
 use kairos_layer::ops::worker::{Outcome, Report};
-use kairos_layer::ops::{Error, error::invalid, limits::CLAIM_BATCH_MAX};
+use kairos_layer::ops::{Error, error::invalid};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
 

@@ -19,7 +19,6 @@ use serde_json::Value;
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::limits::{CRON_LIST_PAGE_MAX, CRON_OCCURRENCES_PER_CALL_MAX, CRON_QUEUE_MAX};
 use super::records::{decode, encode};
 use crate::cron::key::job_key_prefix;
 use crate::cron::policy::{OverlapPolicy, parse_named};
@@ -27,6 +26,7 @@ use crate::ids::{bucket_of, fingerprint, new_execution_id, shard_of};
 use crate::keys::CronTimerKey;
 use crate::kv::Transaction;
 use crate::kv::limits::key_after;
+use crate::limits::{CRON_LIST_PAGE_MAX, CRON_OCCURRENCES_PER_CALL_MAX, CRON_QUEUE_MAX};
 
 /// Changes to a cron job; `None` keeps a field. Materialized executions are left alone.
 #[derive(Debug, Clone, Default, PartialEq)]

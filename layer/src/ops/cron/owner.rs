@@ -17,12 +17,10 @@ use crate::cron::plan::{Decision, Source};
 use crate::cron::policy::{OverlapPolicy, name_of};
 use crate::ids::bucket_of;
 use crate::keys::Space;
+use crate::limits::{CRON_OUTSTANDING_MAX, CRON_TIMERS_PER_SCAN_MAX, FIRE_BUCKETS_PER_CALL_MAX};
 use crate::ops::Scheduler;
 use crate::ops::error::{Error, Result};
 use crate::ops::leases::check_epoch;
-use crate::ops::limits::{
-    CRON_OUTSTANDING_MAX, CRON_TIMERS_PER_SCAN_MAX, FIRE_BUCKETS_PER_CALL_MAX,
-};
 use crate::ops::records::{decode, encode};
 
 /// A cron timer found by a scan.

@@ -14,9 +14,9 @@ use serde_json::Value;
 use super::spec;
 use crate::cron::plan::{Decision, ExecState, MissedOutcome, plan};
 use crate::cron::{Schedule, occurrence_key};
+use crate::limits::{CRON_RECOVER_AFTER_MS, EXECUTE_AT_PAST_MAX_MS};
 use crate::ops::Scheduler;
 use crate::ops::error::Result;
-use crate::ops::limits::{CRON_RECOVER_AFTER_MS, EXECUTE_AT_PAST_MAX_MS};
 
 /// One occurrence to submit.
 #[derive(Debug, Clone, PartialEq)]

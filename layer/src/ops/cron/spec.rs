@@ -11,8 +11,8 @@ use crate::cron::policy::{
     parse_named,
 };
 use crate::cron::{Expr, FoldPolicy, GapPolicy, Schedule, parse_zone};
+use crate::limits::{CRON_EXPRESSION_BYTES_MAX, CRON_NOTES_BYTES_MAX, INPUT_BYTES_MAX};
 use crate::ops::error::{Result, invalid};
-use crate::ops::limits::{CRON_EXPRESSION_BYTES_MAX, CRON_NOTES_BYTES_MAX, INPUT_BYTES_MAX};
 
 /// Checks a client-chosen cron job id: 1-128 of letters, digits, `-`, `_` and `.` (it is part
 /// of every occurrence's idempotency key).

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kairos_actors::node::Node;
-use kairos_actors::runtime::dispatcher::PollRequest;
+use kairos_actors::node::WorkerPoll;
 use kairos_actors::server::config::NodeConfig;
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::embedded::EmbeddedDatabase;
 use kairos_layer::ops::submit::SubmitRequest;
-use kairos_layer::ops::worker::Completion;
+use kairos_layer::ops::worker::{Outcome, Report};
 
 const NS: &str = "bench";
 const WORKERS: usize = 50;
@@ -75,7 +75,7 @@ async fn submit_all(
                 if start >= n {
                     break;
                 }
-                let reqs = (start..(start + 1_000).min(n)).map(|i| request(at(i))).collect();
+                let reqs = (start..(start + 1_000).min(n)).map(|i| Ok(request(at(i)))).collect();
                 for r in node.submit_batch(reqs).await.expect("batch") {
                     r.expect("submit");
                 }
@@ -96,7 +96,7 @@ async fn drain(node: &Node, clock: &SharedClock, n: usize) -> (Vec<i64>, Instant
         let (node, clock, done) = (node.clone(), clock.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let mut late = Vec::new();
-            let req = PollRequest {
+            let req = WorkerPoll {
                 namespace: NS.into(),
                 queue: "noop".into(),
                 worker_id: format!("w{w}"),
@@ -113,16 +113,19 @@ async fn drain(node: &Node, clock: &SharedClock, n: usize) -> (Vec<i64>, Instant
                 let mut results = Vec::with_capacity(batch.len());
                 for c in &batch {
                     late.push(now - c.execution.execute_at_ms);
-                    results.push(Completion {
+                    results.push(Ok(Report {
                         namespace: NS.into(),
                         execution_id: c.execution.id.clone(),
                         token: c.attempt.fencing_token,
-                        output_json: Vec::new(),
-                        output_reference: String::new(),
-                    });
+                        outcome: Outcome::Success {
+                            output_json: Vec::new(),
+                            output_reference: String::new(),
+                        },
+                        worker_id: None,
+                    }));
                 }
                 // The no-op handlers finished: report their results in one call.
-                for r in node.complete_many(results).await.expect("complete") {
+                for r in node.report(results).await.expect("complete") {
                     r.expect("completed");
                 }
                 done.fetch_add(batch.len(), Ordering::Relaxed);
@@ -162,7 +165,7 @@ fn main() {
         let config = NodeConfig { node_id: Some("bench".into()), ..NodeConfig::default() };
         let node = Node::start(config, db.clone(), clock.clone(), Rng::seeded(2)).await.unwrap();
         let def = kairos_layer::definition::parse_definition(DEF).unwrap();
-        node.scheduler().register_definition(NS, def).await.unwrap();
+        node.scheduler().register_definition(NS, def, "test").await.unwrap();
         while node.owned_shards().len() < 64 {
             clock.sleep(Duration::from_millis(50)).await;
         }

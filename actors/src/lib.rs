@@ -13,7 +13,9 @@
 //! back), use no named-actor registry, and take every wait from the injected clock.
 
 pub mod api;
+mod boot;
 pub mod cli;
+pub mod limits;
 pub mod node;
 pub mod runtime;
 pub mod server;

@@ -29,7 +29,7 @@ async fn node() -> Node {
     };
     let node = Node::start(config, db, clock, Rng::seeded(2)).await.unwrap();
     let def = kairos_layer::definition::parse_definition(DEF).unwrap();
-    node.scheduler().register_definition("default", def).await.unwrap();
+    node.scheduler().register_definition("default", def, "test").await.unwrap();
     node
 }
 
@@ -262,7 +262,20 @@ async fn the_trace_context_goes_from_submit_to_the_worker() {
     assert_eq!(v["traceparent"], tp, "{v}");
     // The worker's task carries it.
     let claimed = loop {
-        let c = node.scheduler().claim("default", "echo", "w1", 1, None).await.unwrap();
+        let c = node
+            .scheduler()
+            .claim(
+                "default",
+                "echo",
+                &[kairos_layer::ops::claim::ClaimSlot {
+                    worker_id: "w1".into(),
+                    max: 1,
+                    lease_ms: None,
+                }],
+            )
+            .await
+            .map(|mut o| o.per_slot.remove(0))
+            .unwrap();
         if let Some(c) = c.into_iter().next() {
             break c;
         }

@@ -2,14 +2,17 @@
 //! paused clock drives the injected clock): schedules materialize through the node's own API
 //! and workers run them; catch-up after a 3-hour outage under each missed-run policy; every
 //! overlap policy with executions that run long; pause-on-failure; backfill.
+
 #![allow(clippy::disallowed_methods)] // the tests wait on tokio's paused clock
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kairos_actors::node::Node;
-use kairos_actors::runtime::dispatcher::PollRequest;
+use kairos_actors::node::WorkerPoll;
 use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::Database;
@@ -17,6 +20,8 @@ use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::storage::v1::{
     CronJob, CronPolicies, CronStatus, Execution, ExecutionError, ExecutionStatus,
 };
+
+use common::NodeTestOps;
 
 const NS: &str = "default";
 const SHARDS: u32 = 4;
@@ -62,7 +67,7 @@ impl Cluster {
             .await
             .expect("node starts");
         let def = kairos_layer::definition::parse_definition(TICK).unwrap();
-        node.scheduler().register_definition(NS, def).await.unwrap();
+        node.scheduler().register_definition(NS, def, "test").await.unwrap();
         wait_for("every cron shard owned", || node.owned_cron_shards().len() == SHARDS as usize)
             .await;
         node
@@ -122,7 +127,7 @@ fn worker(
     let out = seen.clone();
     let task = tokio::spawn(async move {
         loop {
-            let poll = PollRequest {
+            let poll = WorkerPoll {
                 namespace: NS.into(),
                 queue: "tick".into(),
                 worker_id: "w".into(),
@@ -158,7 +163,7 @@ fn worker(
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(250)).await;
-                        match node.heartbeat(NS, &id, token).await {
+                        match node.heartbeat_one(NS, &id, token).await {
                             Ok(h) if h.cancel_requested => {
                                 let e = ExecutionError {
                                     message: "stopped".into(),

@@ -1,13 +1,15 @@
 //! In-process node tests: one or more nodes over one shared memory backend, with simulated
 //! time (tokio's paused clock drives the injected clock, so waits are exact and instant).
+
 #![allow(clippy::disallowed_methods)] // the tests wait on tokio's paused clock
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kairos_actors::node::Node;
-use kairos_actors::runtime::dispatcher::{PollRequest, SessionOpen};
+use kairos_actors::node::{Node, WorkerPoll, WorkerStream};
 use kairos_actors::server::config::{Backend, NodeConfig};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::Database;
@@ -15,6 +17,8 @@ use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_layer::ops::Error;
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_proto::storage::v1::{AttemptStatus, ExecutionStatus};
+
+use common::NodeTestOps;
 
 const NS: &str = "default";
 const SHARDS: u32 = 8;
@@ -65,7 +69,7 @@ impl Cluster {
         .await
         .expect("node starts");
         let def = kairos_layer::definition::parse_definition(DEF).unwrap();
-        node.scheduler().register_definition(NS, def).await.unwrap();
+        node.scheduler().register_definition(NS, def, "test").await.unwrap();
         node
     }
 
@@ -97,8 +101,8 @@ fn submit_at(at: i64, n: i64) -> SubmitRequest {
     }
 }
 
-fn poll(worker: &str, max: usize) -> PollRequest {
-    PollRequest {
+fn poll(worker: &str, max: usize) -> WorkerPoll {
+    WorkerPoll {
         namespace: NS.into(),
         queue: "job".into(),
         worker_id: worker.into(),
@@ -229,7 +233,7 @@ async fn a_stale_worker_cannot_complete() {
         .await
         .unwrap_err();
     assert!(matches!(e, Error::FencedOut { .. }), "{e}");
-    assert!(node.heartbeat(NS, &id, first.attempt.fencing_token).await.is_err());
+    assert!(node.heartbeat_one(NS, &id, first.attempt.fencing_token).await.is_err());
     let done = node
         .complete(NS, &id, second.attempt.fencing_token, Vec::new(), String::new())
         .await
@@ -301,7 +305,8 @@ async fn graceful_drain_releases_leases_for_an_immediate_takeover() {
     let a = c.node("a").await;
     wait_for("all shards owned", || a.owned_shards().len() == SHARDS as usize).await;
     a.drain().await;
-    let leases = a.scheduler().shard_leases().await.unwrap();
+    let leases =
+        a.scheduler().partition_leases(kairos_layer::keys::Space::Executions).await.unwrap();
     assert!(leases.iter().all(|l| l.expires_at_ms == 0), "released: {leases:?}");
     assert!(a.owned_shards().is_empty());
     let before = c.now();
@@ -322,7 +327,7 @@ async fn work_claimed_for_a_vanished_poll_goes_to_the_next_poller() {
     let dead = {
         let node = node.clone();
         tokio::spawn(
-            async move { node.poll(PollRequest { wait_ms: 10_000, ..poll("dead", 1) }).await },
+            async move { node.poll(WorkerPoll { wait_ms: 10_000, ..poll("dead", 1) }).await },
         )
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -352,7 +357,7 @@ async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() 
     wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let session = node
-        .open_session(SessionOpen {
+        .open_stream(WorkerStream {
             namespace: NS.into(),
             queue: "job".into(),
             worker_id: "busy".into(),
@@ -374,7 +379,7 @@ async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() 
     assert!(rx.try_recv().is_err(), "no task for a stream without credits");
     // A task from before finishes: its result frees a slot.
     let t0 = c.now();
-    node.session_credits(session, 1);
+    node.stream_credits(session, 1);
     let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
         .await
         .expect("the READY execution reaches the stream once it has a free slot")
@@ -382,6 +387,6 @@ async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() 
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].execution.id, id);
     assert!(c.now() - t0 < 1_000, "claimed at once, not after some timeout");
-    node.close_session(session);
+    node.close_stream(session);
     node.stop().await;
 }

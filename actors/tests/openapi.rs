@@ -311,7 +311,20 @@ async fn every_answer_is_one_the_description_gives() {
     let failed: Value = serde_json::from_slice(&b).unwrap();
     let failed = failed["executionId"].as_str().unwrap().to_string();
     let claimed = loop {
-        let c = node.scheduler().claim("default", "echo", "w1", 1, None).await.unwrap();
+        let c = node
+            .scheduler()
+            .claim(
+                "default",
+                "echo",
+                &[kairos_layer::ops::claim::ClaimSlot {
+                    worker_id: "w1".into(),
+                    max: 1,
+                    lease_ms: None,
+                }],
+            )
+            .await
+            .map(|mut o| o.per_slot.remove(0))
+            .unwrap();
         if let Some(c) = c.into_iter().next() {
             break c;
         }
@@ -322,10 +335,14 @@ async fn every_answer_is_one_the_description_gives() {
         retryable: false,
         code: String::new(),
     };
-    node.scheduler()
-        .fail("default", &failed, claimed.attempt.fencing_token, no_retry)
-        .await
-        .unwrap();
+    let failure = kairos_layer::ops::worker::Report {
+        namespace: "default".into(),
+        execution_id: failed.clone(),
+        token: claimed.attempt.fencing_token,
+        outcome: kairos_layer::ops::worker::Outcome::Failure(no_retry),
+        worker_id: None,
+    };
+    node.report(vec![Ok(failure)]).await.unwrap().pop().unwrap().unwrap();
     let key =
         node.scheduler().create_api_key("default", &["read".into()], "k", "test").await.unwrap();
     let revoke = format!("/admin/keys/{}", key.key.id);

@@ -44,7 +44,7 @@ async fn node() -> Node {
     let node = Node::start(config, db, clock, Rng::seeded(2)).await.unwrap();
     for ns in ["rated", "capped", "free", "small"] {
         let def = kairos_layer::definition::parse_definition(DEF).unwrap();
-        node.scheduler().register_definition(ns, def).await.unwrap();
+        node.scheduler().register_definition(ns, def, "test").await.unwrap();
     }
     node
 }
@@ -85,11 +85,11 @@ async fn a_namespace_over_its_rate_waits_and_others_go_on() {
     // A batch: the refused namespace's items fail alone.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let batch = vec![req("rated"), req("free"), req("rated"), req("free")];
-    let out = node.submit_batch(batch).await.unwrap();
+    let out = node.submit_batch(batch.into_iter().map(Ok).collect()).await.unwrap();
     assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
     let mut big = vec![req("free")];
     big.extend((0..20).map(|_| req("rated")));
-    let out = node.submit_batch(big).await.unwrap();
+    let out = node.submit_batch(big.into_iter().map(Ok).collect()).await.unwrap();
     assert!(out[0].is_ok(), "the free namespace's item passes");
     assert!(out[1..].iter().all(|r| matches!(r, Err(Error::QuotaExceeded { .. }))), "{out:?}");
     node.stop().await;
@@ -150,7 +150,11 @@ async fn payloads_and_definitions_over_a_namespace_limit_are_refused_naming_the_
     node.submit(with_inputs("free", 150)).await.unwrap(); // other namespaces: the global limit
     // In a batch the big item fails alone.
     let out = node
-        .submit_batch(vec![with_inputs("small", 10), with_inputs("small", 500), req("free")])
+        .submit_batch(vec![
+            Ok(with_inputs("small", 10)),
+            Ok(with_inputs("small", 500)),
+            Ok(req("free")),
+        ])
         .await
         .unwrap();
     assert!(out[0].is_ok() && out[2].is_ok(), "{out:?}");

@@ -36,7 +36,7 @@ async fn node(dir: &std::path::Path, options: EmbeddedOptions) -> Node {
     };
     let node = Node::start(config, db, clock, Rng::seeded(2)).await.unwrap();
     let def = kairos_layer::definition::parse_definition(DEF).unwrap();
-    node.scheduler().register_definition("default", def).await.unwrap();
+    node.scheduler().register_definition("default", def, "test").await.unwrap();
     node
 }
 

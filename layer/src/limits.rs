@@ -1,4 +1,6 @@
-//! Bounds of the scheduler operations, named in one place (unit and qualifier last).
+//! Bounds of the scheduler's operations and of the cron computations, named in one place (unit
+//! and qualifier last), related bounds checked against each other at compile time. The store's
+//! own limits (FoundationDB's: key, value, transaction) are in [`crate::kv::limits`].
 
 /// Largest input snapshot (JSON), in bytes.
 pub const INPUT_BYTES_MAX: usize = 32 * 1024;
@@ -16,10 +18,12 @@ pub const OUTPUT_REFERENCE_BYTES_MAX: usize = 2 * 1024;
 pub const EXECUTE_AT_FUTURE_MAX_MS: i64 = 10 * 366 * 24 * 3600 * 1000;
 /// How far in the past `execute_at` may be (it then runs at once): 1 day, in milliseconds.
 pub const EXECUTE_AT_PAST_MAX_MS: i64 = 24 * 3600 * 1000;
-/// Most executions one claim may take.
+/// Most executions one worker (one claim slot) gets from one claim: the API's `maxExecutions`.
 pub const CLAIM_BATCH_MAX: usize = 256;
 /// Ready entries a claim looks at to pick from (random pick among the head).
 pub const CLAIM_SCAN_MAX: usize = 1024;
+/// Most executions one claim takes over all its slots.
+pub const CLAIM_EXECUTIONS_MAX: usize = CLAIM_SCAN_MAX;
 /// Most timers one `fire_due` transaction processes.
 pub const FIRE_BATCH_MAX: usize = 1_000;
 /// Most buckets one `fire_due` walks past (empty ones) before returning.
@@ -35,7 +39,8 @@ pub const ATTEMPTS_MAX: u32 = 100;
 /// Most shards a cluster may have.
 pub const SHARD_COUNT_MAX: u32 = 65_536;
 
-const _: () = assert!(CLAIM_BATCH_MAX <= CLAIM_SCAN_MAX);
+const _: () = assert!(CLAIM_BATCH_MAX <= CLAIM_EXECUTIONS_MAX);
+const _: () = assert!(CLAIM_EXECUTIONS_MAX <= CLAIM_SCAN_MAX);
 const _: () = assert!(LEASE_MS_MIN < LEASE_MS_MAX);
 /// Room in an execution record for everything but input, output and error (ids, times, …).
 const RECORD_FIXED_BYTES_MAX: usize = 8 * 1024;
@@ -86,3 +91,39 @@ pub const CRON_TIMERS_PER_SCAN_MAX: usize = 1_000;
 const _: () = assert!(CRON_MATERIALIZE_PER_ROUND_MAX <= CRON_QUEUE_MAX);
 const _: () = assert!(CRON_CHECK_INTERVAL_MIN_MS < CRON_CHECK_INTERVAL_MAX_MS);
 const _: () = assert!(CRON_CATCH_UP_WINDOW_MAX_MS < EXECUTE_AT_FUTURE_MAX_MS);
+
+// Batches: items one call (one transaction) takes.
+/// Most requests one `submit_batch` call takes.
+pub const SUBMIT_BATCH_MAX: usize = 1_000;
+/// Most results one `report_many` takes.
+pub const REPORT_BATCH_MAX: usize = 1_000;
+/// Most heartbeats one `heartbeat_many` takes.
+pub const HEARTBEAT_BATCH_MAX: usize = 1_000;
+/// Most executions one sweep transaction deletes.
+pub const SWEEP_BATCH_MAX: usize = 500;
+
+// Attempts, scans and pages.
+/// Releases that do not count against the retry budget, per execution (after that a release
+/// counts): bounds the re-runs of a task that kills its worker before the worker reports.
+pub const RELEASES_UNCOUNTED_MAX: u32 = 10;
+/// Most index entries one list page scans (a page with sparse matches comes back short, with
+/// a cursor), so a page is one short transaction whatever the filters.
+pub const LIST_SCAN_MAX: usize = 5_000;
+/// The most `fair_scan_rows` may be.
+pub const FAIR_SCAN_ROWS_MAX: usize = 20_000;
+/// Most audit records one read returns.
+pub const AUDIT_PAGE_MAX: usize = 1_000;
+/// Longest key name.
+pub const KEY_NAME_BYTES_MAX: usize = 128;
+/// Longest detail kept in an audit record.
+pub const AUDIT_DETAIL_BYTES_MAX: usize = 512;
+
+// The cron expression and zone computations.
+/// Days a `date±N` placeholder may move (about ten years).
+pub const CRON_DATE_SHIFT_DAYS_MAX: i64 = 3_660;
+/// Wall times examined at most for one `next_after` (a per-second schedule across a one-hour
+/// fold looks at 3,600).
+pub const CRON_WALL_TIMES_PER_CALL_MAX: usize = 200_000;
+/// How far ahead an occurrence is searched: an expression matching nothing within this many
+/// years (e.g. `0 0 30 2 *`) is rejected.
+pub const CRON_SEARCH_YEARS_MAX: i32 = 11;

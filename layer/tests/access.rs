@@ -52,7 +52,7 @@ async fn audited_actions_commit_with_their_record_even_when_retried() {
         ids.push(w.sched.submit(request(Some(&key), T0 + 3_600_000)).await.unwrap().execution.id);
     }
     for id in &ids {
-        w.sched.cancel_by(NS, id, "key:ops").await.unwrap();
+        w.sched.cancel(NS, id, "key:ops").await.unwrap();
     }
     let cancels = || async {
         let log = w.sched.audit_log(NS, 0, 1_000).await.unwrap();
@@ -67,7 +67,7 @@ async fn audited_actions_commit_with_their_record_even_when_retried() {
     want.sort_unstable();
     assert_eq!(targets, want);
     // Cancelling again changes nothing: nothing more recorded.
-    w.sched.cancel_by(NS, &ids[0], "key:ops").await.unwrap();
+    w.sched.cancel(NS, &ids[0], "key:ops").await.unwrap();
     assert_eq!(cancels().await.len(), 10);
 }
 

@@ -28,7 +28,7 @@ async fn one_round(w: &World, limit: usize) -> BTreeMap<String, usize> {
     for shard in 0..SHARDS {
         let out = w
             .sched
-            .fire_due(shard, w.epochs[shard as usize], w.now_ms(), limit, None)
+            .fire_due(shard, w.epochs[shard as usize], w.now_ms(), limit, &Default::default())
             .await
             .unwrap();
         for f in out.fired {
@@ -41,7 +41,7 @@ async fn one_round(w: &World, limit: usize) -> BTreeMap<String, usize> {
 #[tokio::test]
 async fn a_trickle_behind_a_backlog_fires_in_the_next_batch() {
     let w = world(31, FaultConfig::none()).await;
-    w.sched.register_definition("b", report_definition()).await.unwrap();
+    w.sched.register_definition("b", report_definition(), "test").await.unwrap();
     // 2,000 of `default` due first, then 12 of b due a second later.
     submit(&w, NS, 2_000, T0 + 1_000).await;
     let b = submit(&w, "b", 12, T0 + 2_000).await;
@@ -69,7 +69,7 @@ async fn weights_share_a_batch() {
     let weights = BTreeMap::from([("heavy".to_string(), 3)]);
     let w = World { sched: w.sched.clone().with_namespace_weights(weights), ..w };
     for ns in ["heavy", "light"] {
-        w.sched.register_definition(ns, report_definition()).await.unwrap();
+        w.sched.register_definition(ns, report_definition(), "test").await.unwrap();
     }
     // `light` first (earliest due), then `heavy`: both with far more than a batch per shard.
     submit(&w, "light", 800, T0 + 1_000).await;
@@ -83,7 +83,7 @@ async fn weights_share_a_batch() {
 async fn without_the_fair_scan_timers_fire_in_time_order() {
     let w = world(33, FaultConfig::none()).await;
     let w = World { sched: w.sched.clone().with_fair_scan(0), ..w };
-    w.sched.register_definition("b", report_definition()).await.unwrap();
+    w.sched.register_definition("b", report_definition(), "test").await.unwrap();
     submit(&w, NS, 2_000, T0 + 1_000).await;
     submit(&w, "b", 12, T0 + 2_000).await;
     w.advance_ms(3_000);

@@ -32,7 +32,7 @@ async fn happy_path_fires_at_execute_at_and_completes() {
     assert_eq!(e.ready_at_ms, at);
     w.check_invariants().await;
 
-    let claimed = w.sched.claim(NS, "report", "worker-1", 10, None).await.unwrap();
+    let claimed = w.sched.claim_for(NS, "report", "worker-1", 10, None).await.unwrap();
     assert_eq!(claimed.len(), 1);
     let c = &claimed[0];
     assert_eq!(c.execution.status(), ExecutionStatus::Running);
@@ -42,7 +42,7 @@ async fn happy_path_fires_at_execute_at_and_completes() {
     w.check_invariants().await;
 
     w.advance_ms(10_000);
-    let hb = w.sched.heartbeat(NS, &id, 1).await.unwrap();
+    let hb = w.sched.heartbeat_one(NS, &id, 1).await.unwrap();
     assert_eq!(hb.lease_expires_at_ms, at + 40_000);
     assert!(!hb.cancel_requested);
     let out = br#"{"report_uri":"s3://reports/1"}"#.to_vec();
@@ -53,7 +53,7 @@ async fn happy_path_fires_at_execute_at_and_completes() {
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].status(), AttemptStatus::Succeeded);
     w.check_invariants().await;
-    assert!(w.sched.claim(NS, "report", "worker-1", 10, None).await.unwrap().is_empty());
+    assert!(w.sched.claim_for(NS, "report", "worker-1", 10, None).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -63,7 +63,7 @@ async fn lease_expiry_retries_with_backoff_then_fails_after_max_attempts() {
     w.fire_all().await;
     let policy = w.sched.get(NS, &id).await.unwrap().retry_policy.unwrap();
     for attempt in 1..=3u32 {
-        let claimed = w.sched.claim(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+        let claimed = w.sched.claim_for(NS, "report", "w", 1, Some(5_000)).await.unwrap();
         assert_eq!(claimed.len(), 1, "attempt {attempt} claimed");
         assert_eq!(claimed[0].attempt.number, attempt);
         // The worker dies: no heartbeat. Just before expiry nothing happens.
@@ -94,11 +94,11 @@ async fn lease_expiry_retries_with_backoff_then_fails_after_max_attempts() {
             assert_eq!(e.attempt_count, 3);
         }
     }
-    assert!(w.sched.claim(NS, "report", "w", 1, None).await.unwrap().is_empty());
+    assert!(w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap().is_empty());
     // Replay: the next attempt of the same execution, with a fresh budget.
-    let e = w.sched.replay(NS, &id).await.unwrap();
+    let e = w.sched.replay(NS, &id, "test").await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Ready);
-    let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     assert_eq!(c[0].attempt.number, 4);
     assert_eq!(c[0].attempt.fencing_token, 4);
     w.check_invariants().await;
@@ -109,10 +109,10 @@ async fn heartbeats_keep_the_lease_and_the_timer_follows() {
     let w = world(3, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+    w.sched.claim_for(NS, "report", "w", 1, Some(5_000)).await.unwrap();
     for _ in 0..5 {
         w.advance_ms(4_000);
-        w.sched.heartbeat(NS, &id, 1).await.unwrap();
+        w.sched.heartbeat_one(NS, &id, 1).await.unwrap();
         w.fire_all().await; // lease-check timers fire and move to the renewed expiry
         assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Running);
         w.check_invariants().await;
@@ -127,7 +127,7 @@ async fn retryable_and_permanent_failures() {
     let a = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     let b = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    let claimed = w.sched.claim(NS, "report", "w", 2, None).await.unwrap();
+    let claimed = w.sched.claim_for(NS, "report", "w", 2, None).await.unwrap();
     assert_eq!(claimed.len(), 2);
     let e = w.sched.fail(NS, &a, 1, err("flaky", true)).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::RetryWait);
@@ -145,21 +145,21 @@ async fn stale_tokens_change_nothing() {
     let w = world(5, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim(NS, "report", "old-worker", 1, Some(5_000)).await.unwrap();
+    w.sched.claim_for(NS, "report", "old-worker", 1, Some(5_000)).await.unwrap();
     w.advance_ms(5_000);
     w.fire_all().await; // lease expired: RETRY_WAIT
     let e = w.sched.get(NS, &id).await.unwrap();
     w.advance_ms((e.timer.unwrap().fire_at_ms - w.now_ms()) as u64);
     w.fire_all().await;
-    let c = w.sched.claim(NS, "report", "new-worker", 1, None).await.unwrap();
+    let c = w.sched.claim_for(NS, "report", "new-worker", 1, None).await.unwrap();
     assert_eq!(c[0].attempt.fencing_token, 2);
 
     let before = w.dump().await;
     let stale = [
         w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap_err(),
         w.sched.fail(NS, &id, 1, err("late", true)).await.unwrap_err(),
-        w.sched.heartbeat(NS, &id, 1).await.unwrap_err(),
-        w.sched.heartbeat(NS, &id, 7).await.unwrap_err(),
+        w.sched.heartbeat_one(NS, &id, 1).await.unwrap_err(),
+        w.sched.heartbeat_one(NS, &id, 7).await.unwrap_err(),
     ];
     for e in &stale {
         assert!(matches!(e, Error::FencedOut { current: 2, .. }), "{e}");
@@ -189,7 +189,11 @@ async fn stale_epoch_fire_changes_nothing() {
     }
     let before = w.dump().await;
     for s in 0..SHARDS {
-        let e = w.sched.fire_due(s, w.epochs[s as usize], w.now_ms(), 100, None).await.unwrap_err();
+        let e = w
+            .sched
+            .fire_due(s, w.epochs[s as usize], w.now_ms(), 100, &Default::default())
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::OwnershipLost { .. }), "{e}");
     }
     assert_eq!(w.dump().await, before, "a stale owner changed nothing");
@@ -214,7 +218,7 @@ async fn shard_leases_move_only_when_free() {
     let a = w.sched.acquire_shard(0, NODE, 10_000).await.unwrap();
     assert_eq!(a.epoch, b.epoch + 1, "released lease taken at once");
     assert!(w.sched.acquire_shard(99, NODE, 1).await.is_err(), "unknown shard");
-    let leases = w.sched.shard_leases().await.unwrap();
+    let leases = w.sched.partition_leases(kairos_layer::keys::Space::Executions).await.unwrap();
     assert_eq!(leases.len(), SHARDS as usize);
 }
 
@@ -225,29 +229,29 @@ async fn cancel_before_start_at_once_and_of_a_running_one_through_its_worker() {
     let ready = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     let running = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    let c = w.sched.cancel(NS, &scheduled).await.unwrap();
+    let c = w.sched.cancel(NS, &scheduled, "test").await.unwrap();
     assert!(c.done);
     assert_eq!(c.execution.status(), ExecutionStatus::Cancelled);
     assert!(c.execution.timer.is_none());
     // Claim exactly one of the two READY ones, then cancel the other.
-    let claimed = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    let claimed = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     let (run_id, ready_id) = if claimed[0].execution.id == running {
         (running.clone(), ready.clone())
     } else {
         (ready.clone(), running.clone())
     };
-    let c = w.sched.cancel(NS, &ready_id).await.unwrap();
+    let c = w.sched.cancel(NS, &ready_id, "test").await.unwrap();
     assert_eq!(c.execution.status(), ExecutionStatus::Cancelled);
     assert!(
-        w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty(),
+        w.sched.claim_for(NS, "report", "w", 5, None).await.unwrap().is_empty(),
         "cancelled READY not dispatched"
     );
     // A running one is flagged; the worker sees it on its next heartbeat.
-    let c = w.sched.cancel(NS, &run_id).await.unwrap();
+    let c = w.sched.cancel(NS, &run_id, "test").await.unwrap();
     assert!(!c.done);
     assert_eq!(c.execution.status(), ExecutionStatus::Running);
     w.advance_ms(1);
-    assert!(w.sched.heartbeat(NS, &run_id, 1).await.unwrap().cancel_requested);
+    assert!(w.sched.heartbeat_one(NS, &run_id, 1).await.unwrap().cancel_requested);
     // Its handler stops and reports a retryable failure: CANCELLED, never retried.
     let e = w.sched.fail(NS, &run_id, 1, err("stopped", true)).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Cancelled);
@@ -255,7 +259,7 @@ async fn cancel_before_start_at_once_and_of_a_running_one_through_its_worker() {
     let attempts = w.sched.attempts(NS, &run_id).await.unwrap();
     assert_eq!(attempts.last().unwrap().status(), AttemptStatus::Cancelled);
     assert_eq!(
-        w.sched.cancel(NS, &scheduled).await.unwrap().execution.status(),
+        w.sched.cancel(NS, &scheduled, "test").await.unwrap().execution.status(),
         ExecutionStatus::Cancelled,
         "idempotent"
     );
@@ -266,9 +270,12 @@ async fn cancel_before_start_at_once_and_of_a_running_one_through_its_worker() {
         ExecutionStatus::Cancelled,
         "never fired"
     );
-    assert!(w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty(), "never retried");
+    assert!(
+        w.sched.claim_for(NS, "report", "w", 5, None).await.unwrap().is_empty(),
+        "never retried"
+    );
     w.check_invariants().await;
-    assert!(matches!(w.sched.cancel(NS, "nope").await, Err(Error::NotFound { .. })));
+    assert!(matches!(w.sched.cancel(NS, "nope", "test").await, Err(Error::NotFound { .. })));
 }
 
 #[tokio::test]
@@ -276,14 +283,14 @@ async fn a_cancelled_running_execution_whose_worker_vanished_ends_cancelled_at_l
     let w = world(18, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
-    assert!(!w.sched.cancel(NS, &id).await.unwrap().done);
+    w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
+    assert!(!w.sched.cancel(NS, &id, "test").await.unwrap().done);
     w.advance_ms(31_000); // the 30 s lease runs out without a heartbeat
     w.fire_all().await;
     let e = w.sched.get(NS, &id).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Cancelled, "not RETRY_WAIT: cancelled is final");
-    assert!(w.sched.claim(NS, "report", "w", 5, None).await.unwrap().is_empty());
-    let e = w.sched.cancel(NS, &id).await.unwrap();
+    assert!(w.sched.claim_for(NS, "report", "w", 5, None).await.unwrap().is_empty());
+    let e = w.sched.cancel(NS, &id, "test").await.unwrap();
     assert!(e.done, "cancelling it again is a no-op");
     w.check_invariants().await;
 }
@@ -293,9 +300,9 @@ async fn a_finished_execution_cannot_be_cancelled() {
     let w = world(19, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap();
-    let e = w.sched.cancel(NS, &id).await.unwrap_err();
+    let e = w.sched.cancel(NS, &id, "test").await.unwrap_err();
     assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("SUCCEEDED")), "{e}");
 }
 
@@ -306,7 +313,7 @@ async fn a_released_attempt_is_ready_again_and_not_counted() {
     w.fire_all().await;
     // The report definition allows 3 attempts: release 5 times, then fail 3 times.
     for token in 1..=5 {
-        let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+        let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
         assert_eq!(c[0].attempt.fencing_token, token);
         let e = w.sched.release(NS, &id, token).await.unwrap();
         assert_eq!(e.status(), ExecutionStatus::Ready);
@@ -314,7 +321,7 @@ async fn a_released_attempt_is_ready_again_and_not_counted() {
         assert_eq!(w.sched.release(NS, &id, token).await.unwrap().status(), ExecutionStatus::Ready);
     }
     for _ in 0..3 {
-        let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+        let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
         let token = c[0].attempt.fencing_token;
         let e = w.sched.fail(NS, &id, token, err("boom", true)).await.unwrap();
         if e.status() == ExecutionStatus::RetryWait {
@@ -343,7 +350,8 @@ async fn lists_by_every_status_including_the_unindexed_passing_ones() {
         v
     };
     w.fire_all().await;
-    let running = w.sched.claim(NS, "report", "w", 1, None).await.unwrap()[0].execution.id.clone();
+    let running =
+        w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap()[0].execution.id.clone();
     let list = |status| {
         let q = ListQuery { namespace: NS.into(), status: Some(status), ..ListQuery::default() };
         let s = w.sched.clone();
@@ -373,7 +381,8 @@ async fn an_unassigned_claim_is_released_uncounted_when_no_worker_confirmed_it()
     w.fire_all().await;
     // A node's dispatch buffer claims both without naming a worker.
     let slot = ClaimSlot { worker_id: String::new(), max: 2, lease_ms: None };
-    let claimed: Vec<_> = w.sched.claim_many(NS, "report", &[slot]).await.unwrap().concat();
+    let claimed: Vec<_> =
+        w.sched.claim(NS, "report", &[slot]).await.map(|o| o.per_slot).unwrap().concat();
     assert_eq!(claimed.len(), 2);
     assert!(claimed.iter().all(|c| c.execution.worker_id.is_empty()));
     // `a` reaches a worker, whose heartbeat names it; `b` stays in the buffer of a node that
@@ -386,7 +395,7 @@ async fn an_unassigned_claim_is_released_uncounted_when_no_worker_confirmed_it()
         token: ta,
         worker_id: Some("w7".into()),
     };
-    w.sched.heartbeat_many(vec![beat]).await.unwrap().pop().unwrap().unwrap();
+    w.sched.heartbeat(vec![beat]).await.unwrap().pop().unwrap().unwrap();
     assert_eq!(w.sched.get(NS, &a).await.unwrap().worker_id, "w7");
     w.advance_ms(31_000); // both leases run out
     w.fire_all().await;
@@ -441,7 +450,10 @@ async fn a_poison_timer_is_quarantined_and_the_shard_goes_on() {
     let mut fired = 0;
     let mut quarantined = 0;
     for shard in 0..SHARDS {
-        let out = w.sched.fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, None).await;
+        let out = w
+            .sched
+            .fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, &Default::default())
+            .await;
         let out = out.expect("one poison record does not fail the batch");
         fired += out.fired.len();
         quarantined += out.quarantined;
@@ -457,7 +469,10 @@ async fn a_poison_timer_is_quarantined_and_the_shard_goes_on() {
     assert!(!dump.contains_key(&key) && !dump.contains_key(&garbage), "both keys are gone");
     // Firing again changes nothing more and fails nothing.
     for shard in 0..SHARDS {
-        w.sched.fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, None).await.unwrap();
+        w.sched
+            .fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, &Default::default())
+            .await
+            .unwrap();
     }
 }
 
@@ -467,12 +482,12 @@ async fn an_attempt_timeout_is_reported_as_such_not_as_a_lost_lease() {
     let mut def = report_definition();
     def.version = 2;
     def.attempt_timeout_ms = 5_000; // shorter than the 30 s lease
-    w.sched.register_definition(NS, def).await.unwrap();
+    w.sched.register_definition(NS, def, "test").await.unwrap();
     let mut req = request(None, T0);
     req.definition_version = 2;
     let id = w.sched.submit(req).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     w.advance_ms(5_001);
     w.fire_all().await;
     let e = w.sched.get(NS, &id).await.unwrap();
@@ -481,15 +496,15 @@ async fn an_attempt_timeout_is_reported_as_such_not_as_a_lost_lease() {
     // And a lease lost without heartbeats says so.
     w.advance_ms((e.timer.unwrap().fire_at_ms - w.now_ms()).max(0) as u64);
     w.fire_all().await;
-    w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     let mut def = report_definition();
     def.version = 3;
-    w.sched.register_definition(NS, def).await.unwrap();
+    w.sched.register_definition(NS, def, "test").await.unwrap();
     let mut req = request(None, w.now_ms());
     req.definition_version = 3;
     let id2 = w.sched.submit(req).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim(NS, "report", "w", 5, None).await.unwrap();
+    w.sched.claim_for(NS, "report", "w", 5, None).await.unwrap();
     w.advance_ms(31_000);
     w.fire_all().await;
     let e2 = w.sched.get(NS, &id2).await.unwrap();
@@ -506,7 +521,7 @@ async fn claim_receipts_of_workers_that_never_return_are_cleared() {
     w.fire_all().await;
     // Three different workers claim once each and never come back.
     for worker in ["gone-1", "gone-2", "gone-3"] {
-        w.sched.claim(NS, "report", worker, 1, None).await.unwrap();
+        w.sched.claim_for(NS, "report", worker, 1, None).await.unwrap();
     }
     let receipts = |dump: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>| {
         let r = w.ks.subspace_range(Tag::ClaimReceipt);
@@ -515,7 +530,7 @@ async fn claim_receipts_of_workers_that_never_return_are_cleared() {
     assert_eq!(receipts(&w.dump().await), 3);
     // A minute later any claim, by anyone, clears them.
     w.advance_ms(61_000);
-    w.sched.claim(NS, "report", "someone-else", 1, None).await.unwrap();
+    w.sched.claim_for(NS, "report", "someone-else", 1, None).await.unwrap();
     assert_eq!(receipts(&w.dump().await), 1, "only the new claim's own receipt is left");
 }
 
@@ -530,7 +545,7 @@ async fn results_for_a_never_claimed_execution_are_a_precondition_failure() {
         let results = [
             w.sched.fail(NS, &id, token, err("x", true)).await.unwrap_err(),
             w.sched.complete(NS, &id, token, Vec::new(), String::new()).await.unwrap_err(),
-            w.sched.heartbeat(NS, &id, token).await.unwrap_err(),
+            w.sched.heartbeat_one(NS, &id, token).await.unwrap_err(),
             w.sched.release(NS, &id, token).await.unwrap_err(),
         ];
         for e in &results {

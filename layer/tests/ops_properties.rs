@@ -167,14 +167,16 @@ async fn cancel_races_with_fire_and_claim() {
         }
         let (s1, s2) = (w.sched.clone(), w.sched.clone());
         let id2 = id.clone();
-        let cancel = tokio::spawn(async move { s1.cancel(NS, &id2).await });
+        let cancel = tokio::spawn(async move { s1.cancel(NS, &id2, "test").await });
         let epochs = w.epochs.clone();
         let now = w.now_ms();
         let claim = tokio::spawn(async move {
             for shard in 0..SHARDS {
-                s2.fire_due(shard, epochs[shard as usize], now, 100, None).await.unwrap();
+                s2.fire_due(shard, epochs[shard as usize], now, 100, &Default::default())
+                    .await
+                    .unwrap();
             }
-            s2.claim(NS, "report", "w", 5, None).await.unwrap()
+            s2.claim_for(NS, "report", "w", 5, None).await.unwrap()
         });
         let cancelled = cancel.await.unwrap();
         let claimed = claim.await.unwrap();
@@ -224,7 +226,7 @@ async fn random_step(w: &World, rng: &Rng, running: &mut Vec<(String, u64)>) {
         4 => {
             let claimed = w
                 .sched
-                .claim(NS, "report", "w", 1 + rng.below(4) as usize, Some(5_000))
+                .claim_for(NS, "report", "w", 1 + rng.below(4) as usize, Some(5_000))
                 .await
                 .unwrap();
             running.extend(claimed.into_iter().map(|c| (c.execution.id, c.attempt.fencing_token)));
@@ -243,7 +245,7 @@ async fn random_step(w: &World, rng: &Rng, running: &mut Vec<(String, u64)>) {
         }
         6 if !running.is_empty() => {
             let (id, token) = &running[rng.below(running.len() as u64) as usize];
-            let r = w.sched.heartbeat(NS, id, *token).await;
+            let r = w.sched.heartbeat_one(NS, id, *token).await;
             assert!(matches!(r, Ok(_) | Err(Error::FencedOut { .. })), "{r:?}");
         }
         7 => {
@@ -255,7 +257,7 @@ async fn random_step(w: &World, rng: &Rng, running: &mut Vec<(String, u64)>) {
             if let Some(e) =
                 page.executions.get(rng.below(page.executions.len().max(1) as u64) as usize)
             {
-                let r = w.sched.cancel(NS, &e.id).await;
+                let r = w.sched.cancel(NS, &e.id, "test").await;
                 assert!(matches!(r, Ok(_) | Err(Error::FailedPrecondition(_))), "{r:?}");
             }
         }
@@ -281,7 +283,7 @@ async fn random_workloads_with_faults_keep_every_invariant() {
         for _ in 0..200 {
             w.advance_ms(5_000);
             w.fire_all().await;
-            for c in w.sched.claim(NS, "report", "finisher", 50, None).await.unwrap() {
+            for c in w.sched.claim_for(NS, "report", "finisher", 50, None).await.unwrap() {
                 w.sched
                     .complete(
                         NS,
@@ -325,28 +327,28 @@ async fn every_operation_twice_equals_once() {
         let c = w.sched.submit(request(None, T0 + 120_000)).await.unwrap().execution.id;
         w.advance_ms(1_000);
         w.fire_all().await;
-        let claimed = w.sched.claim(NS, "report", "w", 2, Some(5_000)).await.unwrap();
+        let claimed = w.sched.claim_for(NS, "report", "w", 2, Some(5_000)).await.unwrap();
         assert_eq!(claimed.len(), 2);
         w.advance_ms(1_000);
-        w.sched.heartbeat(NS, &a, 1).await.unwrap();
+        w.sched.heartbeat_one(NS, &a, 1).await.unwrap();
         w.sched.complete(NS, &a, 1, b"{}".to_vec(), "ref".into()).await.unwrap();
         let err = ExecutionError { message: "no".into(), retryable: false, code: String::new() };
         w.sched.fail(NS, &b, 1, err).await.unwrap();
-        w.sched.replay(NS, &b).await.unwrap();
-        w.sched.cancel(NS, &b).await.unwrap();
-        w.sched.cancel(NS, &c).await.unwrap();
+        w.sched.replay(NS, &b, "test").await.unwrap();
+        w.sched.cancel(NS, &b, "test").await.unwrap();
+        w.sched.cancel(NS, &c, "test").await.unwrap();
         let d = w.sched.submit(request(None, T0 + 2_000)).await.unwrap().execution.id;
         w.advance_ms(1_000);
         w.fire_all().await;
-        w.sched.claim(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+        w.sched.claim_for(NS, "report", "w", 1, Some(5_000)).await.unwrap();
         w.advance_ms(5_000);
         w.fire_all().await; // lease expiry → retry timer
-        w.sched.cancel(NS, &d).await.unwrap();
+        w.sched.cancel(NS, &d, "test").await.unwrap();
         w.sched.release_shard(0, NODE, w.epochs[0]).await.unwrap();
         w.sched.acquire_shard(0, NODE, 60_000).await.unwrap();
         let mut def = report_definition();
         def.version = 2;
-        w.sched.register_definition(NS, def).await.unwrap();
+        w.sched.register_definition(NS, def, "test").await.unwrap();
     }
     script(&once).await;
     script(&twice).await;
@@ -415,14 +417,14 @@ async fn list_filters_and_pages() {
 #[tokio::test]
 async fn definitions_are_immutable_per_version() {
     let w = world(22, FaultConfig::none()).await;
-    let (_, created) = w.sched.register_definition(NS, report_definition()).await.unwrap();
+    let (_, created) = w.sched.register_definition(NS, report_definition(), "test").await.unwrap();
     assert!(!created, "same content again is a no-op");
     let mut changed = report_definition();
     changed.queue = "elsewhere".into();
-    let e = w.sched.register_definition(NS, changed.clone()).await.unwrap_err();
+    let e = w.sched.register_definition(NS, changed.clone(), "test").await.unwrap_err();
     assert!(matches!(e, Error::AlreadyExists { .. }), "{e}");
     changed.version = 2;
-    assert!(w.sched.register_definition(NS, changed).await.unwrap().1);
+    assert!(w.sched.register_definition(NS, changed, "test").await.unwrap().1);
     assert_eq!(w.sched.get_definition(NS, "report", None).await.unwrap().version, 2, "latest");
     assert_eq!(w.sched.get_definition(NS, "report", Some(1)).await.unwrap().queue, "report");
     assert_eq!(w.sched.list_definitions(NS).await.unwrap().len(), 2);
@@ -445,7 +447,7 @@ async fn batches_report_each_request_and_dedup_inside() {
         r
     });
     reqs.extend((0..50).map(|i| request(None, T0 + i)));
-    let out = w.sched.submit_batch(reqs).await.unwrap();
+    let out = w.sched.submit_batch(reqs.into_iter().map(Ok).collect()).await.unwrap();
     assert_eq!(out.len(), 54);
     let a = out[0].as_ref().unwrap();
     let b = out[1].as_ref().unwrap();
@@ -459,6 +461,9 @@ async fn batches_report_each_request_and_dedup_inside() {
     assert!(matches!(&out[3], Err(Error::NotFound { .. })));
     assert!(out[4..].iter().all(|r| r.as_ref().is_ok_and(|s| s.created)));
     w.check_invariants().await;
-    let too_many = (0..1_001).map(|_| request(None, T0)).collect();
-    assert!(matches!(w.sched.submit_batch(too_many).await, Err(Error::InvalidArgument { .. })));
+    let too_many: Vec<_> = (0..1_001).map(|_| request(None, T0)).collect();
+    assert!(matches!(
+        w.sched.submit_batch(too_many.into_iter().map(Ok).collect()).await,
+        Err(Error::InvalidArgument { .. })
+    ));
 }

@@ -2,6 +2,8 @@
 //! live in different keys), while a change of owner still fences it; batched renewals keep
 //! partial success.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,6 +14,8 @@ use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_layer::kv::{Error as KvError, RunObserver};
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_layer::ops::{ClusterParams, Error, Scheduler};
+
+use common::TestOps;
 
 const NS: &str = "default";
 const DEF: &str = "name: job\nversion: 1\nexecution:\n  type: command\n  command: [\"true\"]\n";
@@ -38,7 +42,7 @@ async fn setup(retries: Arc<Retries>) -> (Scheduler, SharedClock) {
         .await
         .unwrap();
     sched
-        .register_definition(NS, kairos_layer::definition::parse_definition(DEF).unwrap())
+        .register_definition(NS, kairos_layer::definition::parse_definition(DEF).unwrap(), "test")
         .await
         .unwrap();
     (sched, clock)
@@ -87,10 +91,10 @@ async fn renewals_never_abort_the_owners_fire_transactions() {
     let mut fired = 0;
     for round in 0..40 {
         let reqs: Vec<SubmitRequest> = (0..20).map(|i| due_now(&clock, round * 20 + i)).collect();
-        sched.submit_batch(reqs).await.unwrap();
+        sched.submit_batch(reqs.into_iter().map(Ok).collect()).await.unwrap();
         let now = clock.now().as_millis();
         let before = retries.0.load(Ordering::Relaxed);
-        let out = sched.fire_due(0, epoch0, now, 1_000, None).await.unwrap();
+        let out = sched.fire_due(0, epoch0, now, 1_000, &Default::default()).await.unwrap();
         fired += out.fired.len();
         assert_eq!(
             retries.0.load(Ordering::Relaxed),
@@ -130,12 +134,12 @@ async fn a_takeover_still_fences_the_old_owner() {
         .unwrap();
     assert_eq!(taken.epoch, l.epoch + 1);
     let now = clock.now().as_millis();
-    let e = sched.fire_due(0, l.epoch, now, 100, None).await.unwrap_err();
+    let e = sched.fire_due(0, l.epoch, now, 100, &Default::default()).await.unwrap_err();
     assert!(matches!(e, Error::OwnershipLost { .. }), "{e}");
     // The old owner's renewal is refused, the new owner's fire goes through.
     let r = sched.renew_partitions(&[(Space::Executions, 0, l.epoch)], "n1", 10_000).await;
     assert!(matches!(r.unwrap().pop().unwrap(), Err(Error::OwnershipLost { .. })));
-    sched.fire_due(0, taken.epoch, now, 100, None).await.unwrap();
+    sched.fire_due(0, taken.epoch, now, 100, &Default::default()).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -32,9 +32,9 @@ async fn retention_removes_exactly_what_is_past_its_time() {
     }
     w.fire_all().await;
     for id in &ids[20..] {
-        w.sched.cancel(NS, id).await.unwrap();
+        w.sched.cancel(NS, id, "test").await.unwrap();
     }
-    let claimed = w.sched.claim(NS, "report", "w", 20, None).await.unwrap();
+    let claimed = w.sched.claim_for(NS, "report", "w", 20, None).await.unwrap();
     assert_eq!(claimed.len(), 20);
     for (i, c) in claimed.iter().enumerate() {
         let id = &c.execution.id;
@@ -55,7 +55,7 @@ async fn retention_removes_exactly_what_is_past_its_time() {
         .collect();
     // Eight days later one FAILED execution is replayed: READY again, not terminal.
     w.advance_ms(8 * 86_400_000);
-    w.sched.replay(NS, &failed[0]).await.unwrap();
+    w.sched.replay(NS, &failed[0], "test").await.unwrap();
     // A cutoff before they finished deletes nothing.
     let s = w.sched.sweep_terminal(NS, T0 - 1, 500).await.unwrap();
     assert_eq!(s.deleted, 0);
@@ -106,7 +106,7 @@ async fn a_sweep_under_load_removes_only_what_is_past_its_time() {
         old.push(w.sched.submit(request(Some(&format!("old{i}")), T0)).await.unwrap().execution.id);
     }
     w.fire_all().await;
-    for c in w.sched.claim(NS, "report", "w", 120, None).await.unwrap() {
+    for c in w.sched.claim_for(NS, "report", "w", 120, None).await.unwrap() {
         let t = c.attempt.fencing_token;
         w.sched.complete(NS, &c.execution.id, t, Vec::new(), String::new()).await.unwrap();
     }
@@ -123,7 +123,7 @@ async fn a_sweep_under_load_removes_only_what_is_past_its_time() {
             );
             if i % 20 == 19 {
                 w.fire_all().await;
-                for c in w.sched.claim(NS, "report", "w", 10, None).await.unwrap() {
+                for c in w.sched.claim_for(NS, "report", "w", 10, None).await.unwrap() {
                     let t = c.attempt.fencing_token;
                     w.sched
                         .complete(NS, &c.execution.id, t, Vec::new(), String::new())

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::keys::Keyspace;
+use kairos_layer::keys::Space;
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
-use kairos_layer::ops::claim::{CLAIM_MANY_MAX, ClaimSlot};
+use kairos_layer::limits::{CLAIM_EXECUTIONS_MAX, SUBMIT_BATCH_MAX};
+use kairos_layer::ops::claim::ClaimSlot;
 use kairos_layer::ops::query::ListQuery;
-use kairos_layer::ops::submit::{SUBMIT_BATCH_MAX, SubmitRequest};
-use kairos_layer::ops::worker::{Beat, Completion};
+use kairos_layer::ops::submit::SubmitRequest;
+use kairos_layer::ops::worker::{Beat, Outcome, Report};
 use kairos_layer::ops::{ClusterParams, Scheduler};
 use kairos_proto::storage::v1::ExecutionStatus;
 
@@ -44,7 +46,7 @@ async fn scheduler() -> (Scheduler, SharedClock) {
         .await
         .expect("opens");
     let def = kairos_layer::definition::parse_definition(DEF).unwrap();
-    sched.register_definition(NS, def).await.unwrap();
+    sched.register_definition(NS, def, "test").await.unwrap();
     (sched, clock)
 }
 
@@ -71,7 +73,7 @@ async fn full_batches_commit_in_a_few_round_trips() {
             traceparent: None,
         })
         .collect();
-    let (out, took) = timed(&clock, sched.submit_batch(reqs)).await;
+    let (out, took) = timed(&clock, sched.submit_batch(reqs.into_iter().map(Ok).collect())).await;
     let out = out.expect("submit batch commits");
     assert!(out.iter().all(|r| r.as_ref().is_ok_and(|s| s.created)));
     println!("submit_batch of {SUBMIT_BATCH_MAX}: {took:?}");
@@ -80,13 +82,16 @@ async fn full_batches_commit_in_a_few_round_trips() {
     // Fire everything (the owner holds every shard), one full batch per shard.
     let mut epochs = Vec::new();
     for shard in 0..64 {
-        epochs.push(sched.acquire_shard(shard, "n1", 600_000).await.unwrap().epoch);
+        let wanted = [(Space::Executions, shard)];
+        let lease = sched.acquire_partitions(&wanted, "n1", 600_000, 0).await.unwrap();
+        epochs.push(lease[0].as_ref().unwrap().epoch);
     }
     let now = clock.now().as_millis();
     let mut fired = 0;
     for (shard, epoch) in epochs.iter().enumerate() {
         let (out, took) =
-            timed(&clock, sched.fire_due(shard as u32, *epoch, now, 1_000, None)).await;
+            timed(&clock, sched.fire_due(shard as u32, *epoch, now, 1_000, &Default::default()))
+                .await;
         let out = out.expect("fire commits");
         fired += out.fired.len();
         assert!(took < BATCH_BOUND, "fire_due of {} took {took:?}", out.fired.len());
@@ -97,12 +102,12 @@ async fn full_batches_commit_in_a_few_round_trips() {
     let slots: Vec<ClaimSlot> = (0..4)
         .map(|i| ClaimSlot { worker_id: format!("w{i}"), max: 250, lease_ms: None })
         .collect();
-    const { assert!(1_000 <= CLAIM_MANY_MAX) };
-    let (claimed, took) = timed(&clock, sched.claim_many(NS, "job", &slots)).await;
-    let claimed: Vec<_> = claimed.expect("claim commits").into_iter().flatten().collect();
-    println!("claim_many of {}: {took:?}", claimed.len());
+    const { assert!(1_000 <= CLAIM_EXECUTIONS_MAX) };
+    let (claimed, took) = timed(&clock, sched.claim(NS, "job", &slots)).await;
+    let claimed: Vec<_> = claimed.expect("claim commits").per_slot.into_iter().flatten().collect();
+    println!("claim of {}: {took:?}", claimed.len());
     assert_eq!(claimed.len(), SUBMIT_BATCH_MAX);
-    assert!(took < BATCH_BOUND, "claim_many took {took:?}");
+    assert!(took < BATCH_BOUND, "claim took {took:?}");
 
     let beats: Vec<Beat> = claimed
         .iter()
@@ -114,26 +119,31 @@ async fn full_batches_commit_in_a_few_round_trips() {
         })
         .collect();
     tokio::time::advance(Duration::from_millis(10)).await;
-    let (beat, took) = timed(&clock, sched.heartbeat_many(beats)).await;
+    let (beat, took) = timed(&clock, sched.heartbeat(beats)).await;
     assert!(beat.expect("heartbeats commit").iter().all(|r| r.is_ok()));
-    println!("heartbeat_many of {}: {took:?}", claimed.len());
-    assert!(took < BATCH_BOUND, "heartbeat_many took {took:?}");
+    println!("heartbeat of {}: {took:?}", claimed.len());
+    assert!(took < BATCH_BOUND, "heartbeat took {took:?}");
 
-    let done: Vec<Completion> = claimed
+    let done: Vec<_> = claimed
         .iter()
-        .map(|c| Completion {
-            namespace: NS.into(),
-            execution_id: c.execution.id.clone(),
-            token: c.attempt.fencing_token,
-            output_json: Vec::new(),
-            output_reference: String::new(),
+        .map(|c| {
+            Ok(Report {
+                namespace: NS.into(),
+                execution_id: c.execution.id.clone(),
+                token: c.attempt.fencing_token,
+                outcome: Outcome::Success {
+                    output_json: Vec::new(),
+                    output_reference: String::new(),
+                },
+                worker_id: None,
+            })
         })
         .collect();
-    let (out, took) = timed(&clock, sched.complete_many(done)).await;
+    let (out, took) = timed(&clock, sched.report(done)).await;
     let out = out.expect("completions commit");
     assert!(out.iter().all(|r| r.as_ref().is_ok_and(|e| e.status() == ExecutionStatus::Succeeded)));
-    println!("complete_many of {}: {took:?}", out.len());
-    assert!(took < BATCH_BOUND, "complete_many took {took:?}");
+    println!("report (completions) of {}: {took:?}", out.len());
+    assert!(took < BATCH_BOUND, "report took {took:?}");
 
     // A list filtered by status and definition: bounded pages, each a short transaction.
     let q = ListQuery {
@@ -166,7 +176,7 @@ async fn a_list_whose_filter_skips_everything_comes_back_in_bounded_pages() {
                 traceparent: None,
             })
             .collect();
-        sched.submit_batch(reqs).await.unwrap();
+        sched.submit_batch(reqs.into_iter().map(Ok).collect()).await.unwrap();
     }
     // Status SCHEDULED, a definition nobody uses: every index row is skipped.
     let mut q = ListQuery {

@@ -108,7 +108,7 @@ async fn failed_and_a_flaky_handle(
 ) -> (String, Scheduler, Arc<AtomicBool>, Arc<Mutex<Option<Hook>>>) {
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    let c = w.sched.claim(NS, "report", "w", 1, None).await.unwrap();
+    let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     let error = ExecutionError { message: "no".into(), retryable: false, code: String::new() };
     w.sched.fail(NS, &id, c[0].attempt.fencing_token, error).await.unwrap();
     assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Failed);
@@ -133,12 +133,12 @@ async fn a_replay_applied_under_an_unknown_result_is_answered_as_done() {
     let sched = w.sched.clone();
     *hook.lock().unwrap() = Some(Box::new(move || {
         Box::pin(async move {
-            let c = sched.claim(NS, "report", "w2", 1, None).await.unwrap();
+            let c = sched.claim_for(NS, "report", "w2", 1, None).await.unwrap();
             assert_eq!(c.len(), 1, "the replayed execution is claimed before the retry");
         })
     }));
     armed.store(true, Ordering::SeqCst);
-    let e = flaky.replay(NS, &id).await.expect("the replay took effect: it is answered so");
+    let e = flaky.replay(NS, &id, "test").await.expect("the replay took effect: it is answered so");
     assert_eq!(e.status(), ExecutionStatus::Running, "as the retry found it");
     assert_eq!(e.attempt_base, 1);
     assert_eq!(e.attempt_count, 2, "replayed once: one more attempt, not two replays");
@@ -155,18 +155,18 @@ async fn a_replay_applied_under_an_unknown_result_is_not_applied_twice() {
     let id2 = id.clone();
     *hook.lock().unwrap() = Some(Box::new(move || {
         Box::pin(async move {
-            let c = sched.claim(NS, "report", "w2", 1, None).await.unwrap();
+            let c = sched.claim_for(NS, "report", "w2", 1, None).await.unwrap();
             let error =
                 ExecutionError { message: "again".into(), retryable: false, code: String::new() };
             sched.fail(NS, &id2, c[0].attempt.fencing_token, error).await.unwrap();
         })
     }));
     armed.store(true, Ordering::SeqCst);
-    let e = flaky.replay(NS, &id).await.expect("the replay took effect");
+    let e = flaky.replay(NS, &id, "test").await.expect("the replay took effect");
     assert_eq!(e.status(), ExecutionStatus::Failed, "its attempt failed; not READY again");
     assert_eq!((e.attempt_base, e.attempt_count), (1, 2));
     // A replay asked for now is a new one.
-    let e = w.sched.replay(NS, &id).await.unwrap();
+    let e = w.sched.replay(NS, &id, "test").await.unwrap();
     assert_eq!((e.status(), e.attempt_base), (ExecutionStatus::Ready, 2));
     w.check_invariants().await;
 }

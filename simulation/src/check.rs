@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kairos_layer::ops::worker::RELEASES_UNCOUNTED_MAX;
+use kairos_layer::limits::RELEASES_UNCOUNTED_MAX;
 use kairos_proto::v1::{AttemptStatus, ExecutionStatus};
 
 use crate::plan::Plan;

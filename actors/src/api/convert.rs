@@ -131,7 +131,7 @@ pub fn definition(d: &storage::JobDefinition) -> api::Definition {
 }
 
 /// The API view of a node record.
-pub fn node(n: &storage::Node) -> api::Node {
+pub fn node(n: &storage::NodeRecord) -> api::Node {
     api::Node {
         node_id: n.node_id.clone(),
         http_address: n.address.clone(),

@@ -1,6 +1,7 @@
 //! The one place where operation errors become gRPC statuses and HTTP responses. Messages are
 //! the operations' own, which name the field and the reason.
 
+use crate::limits::ERROR_MESSAGE_BYTES_MAX;
 use axum::http::StatusCode;
 use kairos_layer::kv;
 use kairos_layer::ops::Error;
@@ -95,16 +96,12 @@ pub fn http(e: &Error) -> (StatusCode, ErrorBody) {
     (status, body(code, field, shorten(e.to_string())))
 }
 
-/// Longest error message sent (whatever a client sent, its error stays small enough for any
-/// client's metadata limits).
-pub const MESSAGE_BYTES_MAX: usize = 512;
-
-/// `m`, cut at [`MESSAGE_BYTES_MAX`] bytes (on a character boundary) with the length said.
+/// `m`, cut at [`ERROR_MESSAGE_BYTES_MAX`] bytes (on a character boundary) with the length said.
 pub fn shorten(m: String) -> String {
-    if m.len() <= MESSAGE_BYTES_MAX {
+    if m.len() <= ERROR_MESSAGE_BYTES_MAX {
         return m;
     }
-    let mut cut = MESSAGE_BYTES_MAX - 40;
+    let mut cut = ERROR_MESSAGE_BYTES_MAX - 40;
     while !m.is_char_boundary(cut) {
         cut -= 1;
     }

@@ -170,7 +170,7 @@ struct WorkerArgs {
 
 /// A name checked by the node's own rule (namespaces, queues, worker ids).
 fn name(what: &str, v: &str) -> Result<String, String> {
-    kairos_layer::ops::submit::check_name(what, v)
+    kairos_layer::ops::validate::check_name(what, v)
         .map(|()| v.to_string())
         .map_err(|e| e.to_string())
 }

@@ -8,10 +8,11 @@ use kairos_layer::ops::cron::CronPatch;
 use kairos_proto::storage::v1::CronJob;
 
 use super::Node;
+use crate::runtime::effects;
 
 impl Node {
     fn cron_changed(&self, job: &CronJob) {
-        self.ctx().routes.cron_hint(job.shard, &job.namespace, &job.id);
+        effects::cron_changed(self.ctx(), job);
     }
 
     /// Creates a cron job (see `Scheduler::create_cron_job`).

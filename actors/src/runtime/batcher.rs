@@ -6,17 +6,16 @@
 
 use std::sync::Arc;
 
-use kairos_layer::ops::worker::{
-    Beat, HEARTBEAT_BATCH_MAX, HeartbeatOutcome, REPORT_BATCH_MAX, Report,
-};
+use crate::limits::BATCHES_IN_FLIGHT_MAX;
+use kairos_layer::limits::{HEARTBEAT_BATCH_MAX, REPORT_BATCH_MAX};
+use kairos_layer::ops::worker::{Beat, HeartbeatOutcome, Report};
 use kairos_layer::ops::{Error, Result, Scheduler};
 use kairos_proto::storage::v1::Execution;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-/// Transactions of each kind in flight at once.
-pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
-
 type ReportReply = oneshot::Sender<Result<Vec<Result<Execution>>>>;
+/// Results, each checked by its caller already (an `Err` passes through).
+type Reports = Vec<Result<Report>>;
 /// A caller's items and where their results go.
 type Request<T, R> = (Vec<T>, oneshot::Sender<Result<Vec<R>>>);
 type BeatReply = oneshot::Sender<Result<Vec<Result<HeartbeatOutcome>>>>;
@@ -24,7 +23,7 @@ type BeatReply = oneshot::Sender<Result<Vec<Result<HeartbeatOutcome>>>>;
 /// A handle on the batcher; cheap to clone.
 #[derive(Clone)]
 pub struct Batcher {
-    reports: mpsc::UnboundedSender<(Vec<Report>, ReportReply)>,
+    reports: mpsc::UnboundedSender<(Reports, ReportReply)>,
     beats: mpsc::UnboundedSender<(Vec<Beat>, BeatReply)>,
 }
 
@@ -35,18 +34,18 @@ impl Batcher {
         let s = sched.clone();
         tokio::spawn(run(rx, REPORT_BATCH_MAX, move |items| {
             let s = s.clone();
-            async move { s.report_many(items).await }
+            async move { s.report(items).await }
         }));
         let (beats, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, HEARTBEAT_BATCH_MAX, move |items| {
             let s = sched.clone();
-            async move { s.heartbeat_many(items).await }
+            async move { s.heartbeat(items).await }
         }));
         Batcher { reports, beats }
     }
 
     /// Applies results (with others arriving meanwhile, in one transaction).
-    pub async fn report(&self, items: Vec<Report>) -> Result<Vec<Result<Execution>>> {
+    pub async fn report(&self, items: Reports) -> Result<Vec<Result<Execution>>> {
         let (tx, rx) = oneshot::channel();
         self.reports.send((items, tx)).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?

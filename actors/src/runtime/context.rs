@@ -1,7 +1,9 @@
 //! What every actor of a node shares: the scheduler operations, the injected clock, metrics,
-//! configuration, the credit ledger of waiting workers, the result batcher, and the node-local
-//! routes between actors (an explicit table owned by the node — no global named-actor
-//! registry, which would break multi-node tests and simulation).
+//! configuration, the credit ledger of waiting workers, the result batcher, the cron service's
+//! executions client, and the node-local routes between actors (an explicit table owned by the
+//! node — no global named-actor registry, which would break multi-node tests and simulation).
+//! Knows the actors only by their message types ([`super::messages`]); the hints it routes
+//! are sent from one place, [`super::effects`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -12,12 +14,12 @@ use kairos_layer::keys::TimerKey;
 use kairos_layer::ops::Scheduler;
 use ractor::{ActorId, ActorRef, Message};
 
-use crate::runtime::batcher::Batcher;
-use crate::runtime::dispatcher::DispatcherMsg;
-use crate::runtime::matchmaker::Matchmaker;
-use crate::runtime::shard_owner::OwnerMsg;
+use super::batcher::Batcher;
+use super::cron_api::SdkExecutions;
+use super::matchmaker::Matchmaker;
+use super::messages::{CronMsg, DispatcherMsg, OwnerMsg};
 use crate::server::config::NodeConfig;
-use crate::server::metrics::Metrics;
+use crate::server::metrics::{CronMetrics, Metrics};
 
 /// Shared by the actors of one node.
 #[derive(Clone)]
@@ -38,12 +40,10 @@ pub struct Ctx {
     pub matchmaker: Arc<Matchmaker>,
     /// Results and heartbeats, batched into few transactions.
     pub batcher: Batcher,
-    /// What the cron shard owners share.
-    pub cron: crate::runtime::cron_owner::CronCtx,
-    /// Per-namespace quotas and their state on this node.
-    pub quotas: Arc<crate::server::quota::Quotas>,
-    /// API keys: who is calling and what they may do.
-    pub auth: Arc<crate::server::auth::Auth>,
+    /// The executions API as the cron service reaches it (the SDK client, in process).
+    pub cron_api: SdkExecutions,
+    /// Metrics of the cron service.
+    pub cron_metrics: Arc<CronMetrics>,
 }
 
 impl Ctx {
@@ -58,7 +58,7 @@ impl Ctx {
 pub struct Routes {
     owners: Mutex<BTreeMap<u32, ActorRef<OwnerMsg>>>,
     dispatcher: Mutex<Option<ActorRef<DispatcherMsg>>>,
-    cron_owners: Mutex<BTreeMap<u32, ActorRef<crate::runtime::cron_owner::CronMsg>>>,
+    cron_owners: Mutex<BTreeMap<u32, ActorRef<CronMsg>>>,
 }
 
 impl Routes {
@@ -89,7 +89,7 @@ impl Routes {
 
     /// Tells the local owner of the timer's shard (if any) about a new timer: wake-up, not
     /// only polling.
-    pub fn timer_hint(&self, timer: TimerKey) {
+    pub(super) fn timer_hint(&self, timer: TimerKey) {
         let owner =
             self.owners.lock().unwrap_or_else(|e| e.into_inner()).get(&timer.shard).cloned();
         if let Some(o) = owner {
@@ -98,12 +98,9 @@ impl Routes {
     }
 
     /// Tells the local dispatcher that a queue has new ready work.
-    pub fn ready_hint(&self, ns: &str, queue: &str) {
+    pub(super) fn ready_hint(&self, ns: &str, queue: &str) {
         if let Some(d) = self.dispatcher() {
-            let _ = d.send_message(DispatcherMsg::Ready {
-                ns: ns.to_string(),
-                queue: queue.to_string(),
-            });
+            let _ = d.send_message(DispatcherMsg::Ready((ns.to_string(), queue.to_string())));
         }
     }
 
@@ -117,11 +114,7 @@ impl Routes {
         self.owners.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
     }
 
-    pub(crate) fn set_cron_owner(
-        &self,
-        shard: u32,
-        owner: ActorRef<crate::runtime::cron_owner::CronMsg>,
-    ) {
+    pub(crate) fn set_cron_owner(&self, shard: u32, owner: ActorRef<CronMsg>) {
         self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, owner);
     }
 
@@ -134,10 +127,10 @@ impl Routes {
     }
 
     /// Tells the local owner of a cron shard (if any) to look at a job now: a client changed it.
-    pub fn cron_hint(&self, shard: u32, namespace: &str, cron_job_id: &str) {
+    pub(super) fn cron_hint(&self, shard: u32, namespace: &str, cron_job_id: &str) {
         let owner = self.cron_owners.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned();
         if let Some(o) = owner {
-            let _ = o.send_message(crate::runtime::cron_owner::CronMsg::Hint {
+            let _ = o.send_message(CronMsg::Hint {
                 namespace: namespace.to_string(),
                 cron_job_id: cron_job_id.to_string(),
             });

@@ -8,159 +8,18 @@
 //! one round at a time on this node, and the epoch fences rounds against another owner.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kairos_layer::ops::Error;
-use kairos_layer::ops::cron::owner::CronDue;
-use kairos_layer::ops::cron::round::RoundReport;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::api::in_process::SdkExecutions;
-use crate::runtime::context::{Ctx, send_after};
-use crate::server::metrics::Histogram;
+use super::context::{Ctx, send_after};
+use super::messages::CronMsg;
+use crate::limits::CRON_ROUNDS_IN_FLIGHT_MAX;
 
-/// Rounds one owner runs at once.
-const ROUNDS_IN_FLIGHT_MAX: usize = 16;
 /// After a failed round, the job is tried again this much later.
 const ROUND_RETRY_MS: i64 = 1_000;
-
-/// What every cron shard owner of a node shares.
-#[derive(Clone)]
-pub struct CronCtx {
-    /// The executions API (the SDK client over the in-process channel).
-    pub executions: SdkExecutions,
-    /// Metrics of the cron service.
-    pub metrics: Arc<CronMetrics>,
-}
-
-/// Metrics of the cron service on this node.
-#[derive(Debug, Default)]
-pub struct CronMetrics {
-    /// Executions created for occurrences.
-    pub materialized: AtomicU64,
-    /// Occurrences found materialized already (a repeated round).
-    pub existing: AtomicU64,
-    /// Occurrences that could not be materialized (refused by the API).
-    pub failed: AtomicU64,
-    /// Missed occurrences made up.
-    pub missed_caught_up: AtomicU64,
-    /// Missed occurrences not made up (policy).
-    pub missed_skipped: AtomicU64,
-    /// Missed occurrences older than the catch-up window.
-    pub missed_expired: AtomicU64,
-    /// Occurrences skipped because the previous execution had not finished.
-    pub skipped_overlap: AtomicU64,
-    /// Executions cancelled for a newer occurrence (`cancel-previous`).
-    pub cancelled_previous: AtomicU64,
-    /// Jobs paused because an execution failed.
-    pub paused_on_failure: AtomicU64,
-    /// Rounds run.
-    pub rounds: AtomicU64,
-    /// How late occurrences were materialized relative to `due - lookahead`.
-    pub lateness: Histogram,
-    /// Cron shards this node owns.
-    pub shards_owned: AtomicI64,
-}
-
-impl CronMetrics {
-    fn record(&self, r: &RoundReport) {
-        self.rounds.fetch_add(1, Ordering::Relaxed);
-        self.materialized.fetch_add(r.created, Ordering::Relaxed);
-        self.existing.fetch_add(r.existing, Ordering::Relaxed);
-        self.failed.fetch_add(r.failed, Ordering::Relaxed);
-        self.skipped_overlap.fetch_add(r.skipped_overlap, Ordering::Relaxed);
-        self.cancelled_previous.fetch_add(r.cancelled, Ordering::Relaxed);
-        for (outcome, n) in &r.missed {
-            let c = match *outcome {
-                "caught_up" => &self.missed_caught_up,
-                "skipped" => &self.missed_skipped,
-                _ => &self.missed_expired,
-            };
-            c.fetch_add(*n, Ordering::Relaxed);
-        }
-        if r.paused {
-            self.paused_on_failure.fetch_add(1, Ordering::Relaxed);
-        }
-        for ms in &r.lateness_ms {
-            self.lateness.observe(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
-        }
-    }
-
-    /// Registers the cron metrics.
-    pub fn register(&self, reg: &mut prometheus_client::registry::Registry) {
-        use crate::server::metrics::{counter, counters_by, gauge, seconds};
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter(
-            reg,
-            "kairos_cron_materialized",
-            "Executions created for cron occurrences.",
-            &self.materialized,
-        );
-        counter(
-            reg,
-            "kairos_cron_materialize_failed",
-            "Cron occurrences the API refused.",
-            &self.failed,
-        );
-        counters_by(
-            reg,
-            "kairos_cron_missed",
-            "Missed cron occurrences, by policy outcome.",
-            "outcome",
-            &[
-                ("caught_up", load(&self.missed_caught_up)),
-                ("skipped", load(&self.missed_skipped)),
-                ("expired", load(&self.missed_expired)),
-            ],
-        );
-        counter(
-            reg,
-            "kairos_cron_skipped_overlap",
-            "Cron occurrences skipped: the previous execution had not finished.",
-            &self.skipped_overlap,
-        );
-        counter(
-            reg,
-            "kairos_cron_cancelled_previous",
-            "Executions cancelled for a newer occurrence (cancel-previous).",
-            &self.cancelled_previous,
-        );
-        counter(
-            reg,
-            "kairos_cron_paused_on_failure",
-            "Cron jobs paused because an execution failed.",
-            &self.paused_on_failure,
-        );
-        counter(reg, "kairos_cron_rounds", "Cron rounds run.", &self.rounds);
-        seconds(
-            reg,
-            "kairos_cron_materialize_lateness",
-            "How late cron occurrences were materialized, after due minus the lookahead.",
-            &self.lateness,
-        );
-        gauge(reg, "kairos_cron_shards_owned", "Cron shards this node owns.", &self.shards_owned);
-    }
-}
-
-/// Messages of a cron shard owner.
-#[derive(Debug)]
-pub enum CronMsg {
-    /// Time to re-evaluate.
-    Wake,
-    /// A client changed a job on this node: look at it now.
-    Hint {
-        /// Namespace.
-        namespace: String,
-        /// The job.
-        cron_job_id: String,
-    },
-    /// A scan finished.
-    Scanned(Result<Vec<CronDue>, Error>),
-    /// A round finished.
-    Done((String, String), Result<RoundReport, Error>),
-}
 
 /// The cron shard owner actor.
 pub struct CronShardOwner;
@@ -230,7 +89,7 @@ impl CronOwnerState {
                 let _ = me.send_message(CronMsg::Scanned(r));
             });
         }
-        while self.running.len() < ROUNDS_IN_FLIGHT_MAX {
+        while self.running.len() < CRON_ROUNDS_IN_FLIGHT_MAX {
             let Some((at, job)) = self.due.iter().find(|(_, j)| !self.running.contains(j)).cloned()
             else {
                 break;
@@ -242,7 +101,7 @@ impl CronOwnerState {
             self.due_at.remove(&job);
             self.running.insert(job.clone());
             let (sched, me, exec) =
-                (self.ctx.sched.clone(), myself.clone(), self.ctx.cron.executions.clone());
+                (self.ctx.sched.clone(), myself.clone(), self.ctx.cron_api.clone());
             let (shard, epoch, lookahead) = (self.shard, self.epoch, self.lookahead_ms());
             tokio::spawn(async move {
                 let r = sched.cron_round(&exec, shard, epoch, &job.0, &job.1, lookahead).await;
@@ -253,7 +112,7 @@ impl CronOwnerState {
         // flight are at their limit, nor for the next scan while one runs (their answers
         // evaluate again). Waking for them would be a wake at `now`, again and again: a busy
         // loop until the answer comes, which under simulated time never does.
-        let next_due = (self.running.len() < ROUNDS_IN_FLIGHT_MAX)
+        let next_due = (self.running.len() < CRON_ROUNDS_IN_FLIGHT_MAX)
             .then(|| self.due.iter().find(|(_, j)| !self.running.contains(j)).map(|(t, _)| *t))
             .flatten();
         let next_scan = (!self.scanning).then_some(self.next_scan);
@@ -277,7 +136,7 @@ impl Actor for CronShardOwner {
         args: CronOwnerArgs,
     ) -> Result<CronOwnerState, ActorProcessingErr> {
         args.ctx.routes.set_cron_owner(args.shard, myself.clone());
-        args.ctx.cron.metrics.shards_owned.fetch_add(1, Ordering::Relaxed);
+        args.ctx.cron_metrics.shards_owned.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(shard = args.shard, epoch = args.epoch, "cron shard owner started");
         let mut s = CronOwnerState {
             next_scan: args.ctx.now_ms(),
@@ -301,7 +160,7 @@ impl Actor for CronShardOwner {
         s: &mut CronOwnerState,
     ) -> Result<(), ActorProcessingErr> {
         s.ctx.routes.remove_cron_owner(s.shard, myself.get_id());
-        s.ctx.cron.metrics.shards_owned.fetch_sub(1, Ordering::Relaxed);
+        s.ctx.cron_metrics.shards_owned.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -353,7 +212,7 @@ impl Actor for CronShardOwner {
                 s.running.remove(&job);
                 match r {
                     Ok(report) => {
-                        s.ctx.cron.metrics.record(&report);
+                        s.ctx.cron_metrics.record(&report);
                         for e in &report.errors {
                             tracing::warn!(cron_job = %job.1, error = %e, "cron occurrence");
                         }

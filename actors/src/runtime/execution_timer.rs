@@ -1,7 +1,7 @@
-//! ExecutionSupervisor: one per in-flight execution of a shard this node owns that outlived
-//! a timer — RUNNING past its first lease check (heartbeats renewed it), or RETRY_WAIT after
-//! a failed or timed-out attempt. It holds that execution's next
-//! deadline in memory and, exactly when it passes, runs the fenced `fire_timer` transaction:
+//! ExecutionTimer: one per in-flight execution of a shard this node owns that outlived a timer
+//! — RUNNING past its first lease check (heartbeats renewed it), or RETRY_WAIT after a failed
+//! or timed-out attempt. It holds that execution's next deadline in memory and, exactly when
+//! it passes, runs the fenced `fire_timer` transaction:
 //! a lease that expired times the attempt out and applies the retry policy (capped
 //! exponential back-off, full jitter — decided in the transaction), a renewed lease moves the
 //! deadline, a retry due makes the execution READY. It is a cache of the durable timer: if the
@@ -16,25 +16,16 @@ use kairos_layer::ops::Error;
 use kairos_layer::ops::fire::Fired;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::runtime::context::{Ctx, send_after};
-use crate::runtime::shard_owner::{after_fired, hint_ready_queues, is_ownership_lost};
+use super::context::{Ctx, send_after};
+use super::effects;
+use super::messages::TimerMsg;
+use crate::server::log_limit::LogLimit;
 
-/// Messages of an execution supervisor.
-#[derive(Debug)]
-pub enum ExecMsg {
-    /// The deadline may have passed.
-    Wake,
-    /// The execution has a newer timer.
-    Reschedule(TimerKey),
-    /// `fire_timer` finished.
-    Fired(Box<Result<Option<Fired>, Error>>),
-}
+/// The execution timer actor.
+pub struct ExecutionTimer;
 
-/// The execution supervisor actor.
-pub struct ExecutionSupervisor;
-
-/// Arguments of an execution supervisor.
-pub struct SupervisorArgs {
+/// Arguments of an execution timer.
+pub struct TimerArgs {
     /// Node context.
     pub ctx: Ctx,
     /// The execution's shard.
@@ -45,7 +36,7 @@ pub struct SupervisorArgs {
     pub timer: TimerKey,
 }
 
-/// What the supervisor does next (its pure core).
+/// What the timer does next (its pure core).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
     /// Sleep until this time.
@@ -78,8 +69,8 @@ pub fn on_fired(timer: &TimerKey, fired: Option<&Fired>) -> (Option<TimerKey>, N
     }
 }
 
-/// State of an execution supervisor.
-pub struct ExecState {
+/// State of an execution timer.
+pub struct TimerState {
     ctx: Ctx,
     shard: u32,
     epoch: u64,
@@ -87,12 +78,12 @@ pub struct ExecState {
     firing: bool,
 }
 
-impl ExecState {
-    fn act(&mut self, myself: &ActorRef<ExecMsg>, next: Next) {
+impl TimerState {
+    fn act(&mut self, myself: &ActorRef<TimerMsg>, next: Next) {
         match next {
             Next::SleepUntil(at) => {
                 let d = Duration::from_millis(u64::try_from(at - self.ctx.now_ms()).unwrap_or(0));
-                send_after(&self.ctx.clock, d, myself.clone(), ExecMsg::Wake);
+                send_after(&self.ctx.clock, d, myself.clone(), TimerMsg::Wake);
             }
             Next::Fire => {
                 self.firing = true;
@@ -101,7 +92,7 @@ impl ExecState {
                 let (shard, epoch, now) = (self.shard, self.epoch, self.ctx.now_ms());
                 tokio::spawn(async move {
                     let r = sched.fire_timer(shard, epoch, &timer, now).await;
-                    let _ = me.send_message(ExecMsg::Fired(Box::new(r)));
+                    let _ = me.send_message(TimerMsg::Fired(Box::new(r)));
                 });
             }
             Next::Stop => myself.stop(None),
@@ -109,17 +100,17 @@ impl ExecState {
     }
 }
 
-impl Actor for ExecutionSupervisor {
-    type Msg = ExecMsg;
-    type State = ExecState;
-    type Arguments = SupervisorArgs;
+impl Actor for ExecutionTimer {
+    type Msg = TimerMsg;
+    type State = TimerState;
+    type Arguments = TimerArgs;
 
     async fn pre_start(
         &self,
-        myself: ActorRef<ExecMsg>,
-        args: SupervisorArgs,
-    ) -> Result<ExecState, ActorProcessingErr> {
-        let mut s = ExecState {
+        myself: ActorRef<TimerMsg>,
+        args: TimerArgs,
+    ) -> Result<TimerState, ActorProcessingErr> {
+        let mut s = TimerState {
             ctx: args.ctx,
             shard: args.shard,
             epoch: args.epoch,
@@ -133,19 +124,19 @@ impl Actor for ExecutionSupervisor {
 
     async fn handle(
         &self,
-        myself: ActorRef<ExecMsg>,
-        msg: ExecMsg,
-        s: &mut ExecState,
+        myself: ActorRef<TimerMsg>,
+        msg: TimerMsg,
+        s: &mut TimerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ExecMsg::Wake => {
+            TimerMsg::Wake => {
                 // Several wake-ups may be pending (each timer change plans one for its own
                 // deadline); act only once the current deadline passed.
                 if on_wake(&s.timer, s.firing, s.ctx.now_ms()) == Some(Next::Fire) {
                     s.act(&myself, Next::Fire);
                 }
             }
-            ExecMsg::Reschedule(t) => {
+            TimerMsg::Reschedule(t) => {
                 if t != s.timer {
                     let at = t.fire_at_ms;
                     s.timer = t;
@@ -154,12 +145,11 @@ impl Actor for ExecutionSupervisor {
                     }
                 }
             }
-            ExecMsg::Fired(r) => match *r {
+            TimerMsg::Fired(r) => match *r {
                 Ok(fired) => {
                     s.firing = false;
                     if let Some(f) = &fired {
-                        after_fired(&s.ctx, f, s.ctx.now_ms());
-                        hint_ready_queues(&s.ctx, [f]);
+                        effects::timer_fired(&s.ctx, f);
                     }
                     let (next_timer, next) = on_fired(&s.timer, fired.as_ref());
                     if let Some(t) = next_timer {
@@ -169,11 +159,10 @@ impl Actor for ExecutionSupervisor {
                 }
                 Err(e) => {
                     s.firing = false;
-                    if is_ownership_lost(&e) {
+                    if matches!(e, Error::OwnershipLost { .. }) {
                         myself.stop(Some("ownership lost".into()));
                     } else {
-                        static LIMIT: crate::server::log_limit::LogLimit =
-                            crate::server::log_limit::LogLimit::new(1_000);
+                        static LIMIT: LogLimit = LogLimit::new(1_000);
                         if let Some(suppressed) = LIMIT.allow(s.ctx.now_ms()) {
                             tracing::warn!(execution = %s.timer.execution_id, error = %e, suppressed, "timer failed; retrying in 1 s");
                         }
@@ -212,7 +201,6 @@ mod tests {
             status,
             queue: "q".into(),
             next_timer: next,
-            matched: None,
             timed_out: false,
         }
     }

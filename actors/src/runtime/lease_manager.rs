@@ -15,15 +15,13 @@ use std::time::Duration;
 use kairos_layer::keys::Space;
 use kairos_layer::ops::Error;
 use kairos_layer::ops::leases::PartitionLease;
-use kairos_proto::storage::v1::Node;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use kairos_proto::storage::v1::NodeRecord;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use crate::runtime::context::{Ctx, send_after};
-use crate::runtime::cron_owner::{CronOwnerArgs, CronShardOwner};
-use crate::runtime::shard_owner::{OwnerArgs, ShardOwner};
-
-/// A partition of a space.
-pub type PartitionId = (Space, u32);
+use super::context::{Ctx, send_after};
+use super::cron_owner::{CronOwnerArgs, CronShardOwner};
+use super::messages::{LeaseMsg, PartitionId, RoundOutcome};
+use super::shard_owner::{OwnerArgs, ShardOwner};
 
 /// What one round of lease management does (the pure core).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -52,7 +50,7 @@ pub struct View<'a> {
     /// The clock-skew bound: a lease is free only this long after it expired.
     pub skew_ms: i64,
     /// Node records.
-    pub nodes: &'a [Node],
+    pub nodes: &'a [NodeRecord],
     /// Leases on record.
     pub leases: &'a [PartitionLease],
 }
@@ -68,7 +66,7 @@ pub fn plan_leases(
     held: &BTreeSet<PartitionId>,
     spaces: &[(Space, u32)],
 ) -> LeasePlan {
-    let live: Vec<&Node> = v
+    let live: Vec<&NodeRecord> = v
         .nodes
         .iter()
         .filter(|n| n.node_id != v.node_id && n.heartbeat_at_ms >= v.now - v.node_ttl_ms)
@@ -112,30 +110,6 @@ pub fn plan_leases(
         );
     }
     plan
-}
-
-/// What a round did.
-#[derive(Debug, Default)]
-pub struct RoundOutcome {
-    /// Partitions acquired: (partition, epoch, lease expiry).
-    pub acquired: Vec<(PartitionId, u64, i64)>,
-    /// Partitions renewed: (partition, lease expiry).
-    pub renewed: Vec<(PartitionId, i64)>,
-    /// Partitions whose lease was lost.
-    pub lost: Vec<PartitionId>,
-    /// Partitions given up.
-    pub released: Vec<PartitionId>,
-}
-
-/// Messages of the lease manager.
-#[derive(Debug)]
-pub enum LeaseMsg {
-    /// Run a round.
-    Tick,
-    /// A round finished.
-    Round(Result<RoundOutcome, Error>),
-    /// Stop every partition actor and release every lease.
-    Drain(RpcReplyPort<()>),
 }
 
 /// The lease manager actor.
@@ -199,9 +173,9 @@ impl LeaseState {
 }
 
 /// This node's record as it heartbeats it.
-fn node_record(ctx: &Ctx, started_at_ms: i64) -> Node {
+fn node_record(ctx: &Ctx, started_at_ms: i64) -> NodeRecord {
     let c = &ctx.config;
-    Node {
+    NodeRecord {
         node_id: ctx.node_id.clone(),
         address: c.listen_http.to_string(),
         grpc_address: c.listen_grpc.to_string(),
@@ -449,8 +423,13 @@ mod tests {
 
     const E: Space = Space::Executions;
 
-    fn node(id: &str, region: &str, hb: i64) -> Node {
-        Node { node_id: id.into(), region: region.into(), heartbeat_at_ms: hb, ..Node::default() }
+    fn node(id: &str, region: &str, hb: i64) -> NodeRecord {
+        NodeRecord {
+            node_id: id.into(),
+            region: region.into(),
+            heartbeat_at_ms: hb,
+            ..NodeRecord::default()
+        }
     }
 
     fn lease(p: u32, owner: &str, expires: i64) -> PartitionLease {
@@ -466,7 +445,7 @@ mod tests {
     fn view<'a>(
         me: &'a str,
         region: &'a str,
-        nodes: &'a [Node],
+        nodes: &'a [NodeRecord],
         leases: &'a [PartitionLease],
     ) -> View<'a> {
         View {

@@ -1,16 +1,17 @@
 //! The credit ledger of a node's waiting workers: which worker slots of which queue can take
 //! how many executions right now. Shared by the dispatcher (which adds and removes waiting
-//! workers and claims READY work for them) and the shard owners (whose fire transactions
-//! reserve slots to start executions for waiting workers at once — a *sync match*). A pure data
-//! structure under one lock; it performs no I/O.
+//! workers and claims READY work for them) and the shard owners (which reserve an *offer* of
+//! slots before a fire transaction, so it can start executions for waiting workers at once — a
+//! *sync match* — and give back what it did not use). A pure data structure under one lock; it
+//! performs no I/O. Grants become the layer's claim slots in one place ([`Reserved::of`]).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use kairos_layer::ops::fire::{Grant, Matcher};
+use kairos_layer::limits::CLAIM_BATCH_MAX;
+use kairos_layer::ops::claim::ClaimSlot;
 
-/// (namespace, queue).
-pub type QueueKey = (String, String);
+use super::messages::{Grant, QueueKey};
 
 #[derive(Debug, Clone)]
 struct Slot {
@@ -147,7 +148,7 @@ impl Matchmaker {
     }
 
     /// Takes credits of waiting workers first, then of the queue's dispatch buffer.
-    fn take_for_fire(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
+    pub fn take_for_fire(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
         let mut g = self.take_of(q, n, false);
         if g.len() < n {
             g.extend(self.take_of(q, n - g.len(), true));
@@ -255,19 +256,114 @@ impl Matchmaker {
     }
 }
 
-impl Matcher for Matchmaker {
-    fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant> {
-        self.take_for_fire(&(ns.to_string(), queue.to_string()), n)
+/// Grants reserved for one claim or one fire of a queue, as the layer's claim slots: one slot per
+/// waiting worker in grant order, split at [`CLAIM_BATCH_MAX`]; `ids[i]` is slot `i`'s worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// The grants, in the order the ledger dealt them.
+    pub grants: Vec<Grant>,
+    /// The claim slots they make.
+    pub slots: Vec<ClaimSlot>,
+    /// The waiting worker (matchmaker slot) of each claim slot.
+    pub ids: Vec<u64>,
+}
+
+impl Reserved {
+    /// The claim slots of `grants`.
+    pub fn of(grants: Vec<Grant>) -> Reserved {
+        let mut order: Vec<(u64, ClaimSlot)> = Vec::new();
+        for g in &grants {
+            match order.iter_mut().find(|(id, _)| *id == g.slot) {
+                Some((_, s)) => s.max += 1,
+                None => order.push((
+                    g.slot,
+                    ClaimSlot { worker_id: g.worker_id.clone(), max: 1, lease_ms: g.lease_ms },
+                )),
+            }
+        }
+        let (mut slots, mut ids) = (Vec::new(), Vec::new());
+        for (id, mut s) in order {
+            while s.max > CLAIM_BATCH_MAX {
+                slots.push(ClaimSlot { max: CLAIM_BATCH_MAX, ..s.clone() });
+                ids.push(id);
+                s.max -= CLAIM_BATCH_MAX;
+            }
+            slots.push(s);
+            ids.push(id);
+        }
+        debug_assert_eq!(slots.iter().map(|s| s.max).sum::<usize>(), grants.len());
+        Reserved { grants, slots, ids }
     }
 
-    fn cancel(&self, ns: &str, queue: &str, grants: Vec<Grant>) {
-        self.give_back(&(ns.to_string(), queue.to_string()), grants);
+    /// What a transaction used of these grants, `used[i]` executions of claim slot `i`: the
+    /// count used per waiting worker, and the grants left over (each slot's tail), to give back.
+    pub fn split(&self, used: &[usize]) -> (Vec<(u64, usize)>, Vec<Grant>) {
+        let (mut per_slot, mut unused) = (Vec::new(), Vec::new());
+        for (i, (id, slot)) in self.ids.iter().zip(&self.slots).enumerate() {
+            let n = used.get(i).copied().unwrap_or(0);
+            assert!(n <= slot.max, "a claim slot gets at most its max");
+            per_slot.push((*id, n));
+            if let Some(g) = self.grants.iter().find(|g| g.slot == *id) {
+                unused.extend(std::iter::repeat_n(g.clone(), slot.max - n));
+            }
+        }
+        (per_slot, unused)
+    }
+}
+
+impl Matchmaker {
+    /// Reserves, before a fire transaction, up to `want` grants of every queue whose waiting
+    /// workers (or dispatch buffer) hold credits: the fire's offer.
+    pub fn offer(&self, want: usize) -> BTreeMap<QueueKey, Reserved> {
+        if want == 0 {
+            return BTreeMap::new();
+        }
+        self.hungry()
+            .into_iter()
+            .filter_map(|q| {
+                let grants = self.take_for_fire(&q, want);
+                (!grants.is_empty()).then(|| (q, Reserved::of(grants)))
+            })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn g(slot: u64) -> Grant {
+        Grant { worker_id: format!("w{slot}"), lease_ms: None, slot }
+    }
+
+    #[test]
+    fn grants_become_one_claim_slot_per_worker_in_order() {
+        let r = Reserved::of(vec![g(3), g(1), g(3), g(3), g(1)]);
+        assert_eq!(
+            r.slots.iter().map(|s| (s.worker_id.as_str(), s.max)).collect::<Vec<_>>(),
+            [("w3", 3), ("w1", 2)]
+        );
+        assert_eq!(r.ids, vec![3, 1]);
+        let many = Reserved::of((0..600).map(|_| g(7)).collect());
+        assert_eq!(many.slots.iter().map(|s| s.max).collect::<Vec<_>>(), [256, 256, 88]);
+        assert_eq!(many.ids, vec![7, 7, 7]);
+        let (used, unused) = r.split(&[1, 2]);
+        assert_eq!(used, vec![(3, 1), (1, 2)]);
+        assert_eq!(unused, vec![g(3), g(3)], "the tail of each slot's share goes back");
+    }
+
+    #[test]
+    fn an_offer_takes_from_every_hungry_queue_up_to_want() {
+        let m = Matchmaker::default();
+        m.add(&q(), 1, "a", None, 5);
+        let other: QueueKey = ("ns".into(), "other".into());
+        m.add(&other, 2, "b", None, 1);
+        let offer = m.offer(3);
+        assert_eq!(offer[&q()].grants.len(), 3);
+        assert_eq!(offer[&other].grants.len(), 1);
+        assert_eq!(m.available(&q()), 2, "reserved until settled");
+        assert!(m.offer(0).is_empty());
+    }
 
     fn q() -> QueueKey {
         ("ns".into(), "q".into())

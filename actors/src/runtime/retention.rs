@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kairos_layer::ops::retention::SWEEP_BATCH_MAX;
+use kairos_layer::limits::SWEEP_BATCH_MAX;
 
 use crate::runtime::context::Ctx;
 

@@ -5,29 +5,14 @@
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use crate::runtime::context::{Ctx, send_after};
-use crate::runtime::dispatcher::{Dispatcher, DispatcherMsg};
-use crate::runtime::lease_manager::{LeaseManager, LeaseMsg};
+use kairos_layer::ops::retry::doubling_ms;
 
-/// The children of a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Child {
-    /// The shard lease manager (and, below it, the shard owners).
-    Leases,
-    /// The dispatcher.
-    Dispatcher,
-}
-
-/// Messages of the node supervisor.
-#[derive(Debug)]
-pub enum NodeMsg {
-    /// Start (or restart) a child.
-    Start(Child),
-    /// Drain the node.
-    Drain(RpcReplyPort<()>),
-}
+use super::context::{Ctx, send_after};
+use super::dispatcher::Dispatcher;
+use super::lease_manager::LeaseManager;
+use super::messages::{Child, DispatcherMsg, LeaseMsg, SupervisorMsg};
 
 /// The node supervisor actor.
 pub struct NodeSupervisor;
@@ -43,7 +28,7 @@ pub struct NodeState {
 
 /// Back-off before the `n`-th restart: 100 ms doubling, at most 10 s.
 pub fn restart_backoff(n: u32) -> Duration {
-    Duration::from_millis(100u64.saturating_mul(1 << n.min(7)).min(10_000))
+    Duration::from_millis(doubling_ms(100, n, 10_000))
 }
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,13 +46,13 @@ impl NodeState {
 }
 
 impl Actor for NodeSupervisor {
-    type Msg = NodeMsg;
+    type Msg = SupervisorMsg;
     type State = NodeState;
     type Arguments = Ctx;
 
     async fn pre_start(
         &self,
-        myself: ActorRef<NodeMsg>,
+        myself: ActorRef<SupervisorMsg>,
         ctx: Ctx,
     ) -> Result<NodeState, ActorProcessingErr> {
         let mut s = NodeState { ctx, leases: None, dispatcher: None, restarts: 0, draining: false };
@@ -82,12 +67,12 @@ impl Actor for NodeSupervisor {
 
     async fn handle(
         &self,
-        myself: ActorRef<NodeMsg>,
-        msg: NodeMsg,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
         s: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            NodeMsg::Start(child) if !s.draining => {
+            SupervisorMsg::Start(child) if !s.draining => {
                 let cell = myself.get_cell();
                 match child {
                     Child::Leases => {
@@ -103,8 +88,8 @@ impl Actor for NodeSupervisor {
                 }
                 tracing::info!(?child, "restarted");
             }
-            NodeMsg::Start(_) => {}
-            NodeMsg::Drain(reply) => {
+            SupervisorMsg::Start(_) => {}
+            SupervisorMsg::Drain(reply) => {
                 s.draining = true;
                 if let Some(d) = &s.dispatcher {
                     let _ = d.call(DispatcherMsg::Drain, Some(CALL_TIMEOUT)).await;
@@ -120,7 +105,7 @@ impl Actor for NodeSupervisor {
 
     async fn handle_supervisor_evt(
         &self,
-        myself: ActorRef<NodeMsg>,
+        myself: ActorRef<SupervisorMsg>,
         evt: SupervisionEvent,
         s: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
@@ -141,7 +126,7 @@ impl Actor for NodeSupervisor {
         s.restarts += 1;
         s.ctx.metrics.actor_restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(?child, %reason, ?delay, "child stopped; restarting");
-        send_after(&s.ctx.clock, delay, myself, NodeMsg::Start(child));
+        send_after(&s.ctx.clock, delay, myself, SupervisorMsg::Start(child));
         Ok(())
     }
 }

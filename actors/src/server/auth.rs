@@ -12,14 +12,13 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::limits::AUTH_CACHE_KEYS_MAX;
 use kairos_layer::ops::access::{ALL_NAMESPACES, parse_token, secret_matches};
 use kairos_layer::ops::{self, Error, Scheduler};
 use kairos_proto::storage::v1::ApiKey;
 
 /// How long a verified key is trusted before it is read again.
 pub const CACHE_MS: i64 = 2_000;
-/// Keys cached at most (then the cache starts over).
-const CACHE_MAX: usize = 10_000;
 
 /// Whether the node checks API keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -197,7 +196,7 @@ impl Auth {
         let key = self.sched.api_key(id).await?;
         if let Some(k) = &key {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if cache.len() >= CACHE_MAX {
+            if cache.len() >= AUTH_CACHE_KEYS_MAX {
                 cache.clear();
             }
             cache.insert(id.to_string(), (k.clone(), now));

@@ -418,7 +418,7 @@ impl NodeConfig {
         if self.retention_sweep_ms < 1_000 {
             return Err(bad("retention_sweep_ms", "must be at least 1000"));
         }
-        if self.fair_scan_rows > kairos_layer::ops::fire::FAIR_SCAN_ROWS_MAX {
+        if self.fair_scan_rows > kairos_layer::limits::FAIR_SCAN_ROWS_MAX {
             return Err(bad("fair_scan_rows", "must be at most 20000"));
         }
         if let Some((ns, _)) =

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kairos_layer::kv::{Error as KvError, RunObserver};
+use kairos_layer::ops::cron::round::RoundReport;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -149,8 +150,8 @@ pub struct Metrics {
     pub submitted: AtomicU64,
     /// Shards this node owns.
     pub shards_owned: AtomicI64,
-    /// In-flight execution supervisors on this node.
-    pub supervisors: AtomicI64,
+    /// Execution timers on this node (executions in flight past their first timer).
+    pub execution_timers: AtomicI64,
     /// Actor restarts by the node supervisor.
     pub actor_restarts: AtomicU64,
     /// The embedded store's configured page cache, in bytes (0 for other backends).
@@ -303,9 +304,9 @@ impl Metrics {
         gauge(reg, "kairos_shards_owned", "Shards this node owns.", &self.shards_owned);
         gauge(
             reg,
-            "kairos_execution_supervisors",
-            "In-flight execution supervisors.",
-            &self.supervisors,
+            "kairos_execution_timers",
+            "Execution timers: executions in flight past their first timer, each followed in memory.",
+            &self.execution_timers,
         );
         let by_state = Family::<Vec<(&'static str, String)>, Gauge>::default();
         for (state, n) in executions {
@@ -358,5 +359,114 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert_eq!(line.split(' ').count(), 2, "sample lines are `name value`: {line}");
         }
+    }
+}
+
+/// Metrics of the cron service on this node.
+#[derive(Debug, Default)]
+pub struct CronMetrics {
+    /// Executions created for occurrences.
+    pub materialized: AtomicU64,
+    /// Occurrences found materialized already (a repeated round).
+    pub existing: AtomicU64,
+    /// Occurrences that could not be materialized (refused by the API).
+    pub failed: AtomicU64,
+    /// Missed occurrences made up.
+    pub missed_caught_up: AtomicU64,
+    /// Missed occurrences not made up (policy).
+    pub missed_skipped: AtomicU64,
+    /// Missed occurrences older than the catch-up window.
+    pub missed_expired: AtomicU64,
+    /// Occurrences skipped because the previous execution had not finished.
+    pub skipped_overlap: AtomicU64,
+    /// Executions cancelled for a newer occurrence (`cancel-previous`).
+    pub cancelled_previous: AtomicU64,
+    /// Jobs paused because an execution failed.
+    pub paused_on_failure: AtomicU64,
+    /// Rounds run.
+    pub rounds: AtomicU64,
+    /// How late occurrences were materialized relative to `due - lookahead`.
+    pub lateness: Histogram,
+    /// Cron shards this node owns.
+    pub shards_owned: AtomicI64,
+}
+
+impl CronMetrics {
+    /// Records what a round did.
+    pub fn record(&self, r: &RoundReport) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.materialized.fetch_add(r.created, Ordering::Relaxed);
+        self.existing.fetch_add(r.existing, Ordering::Relaxed);
+        self.failed.fetch_add(r.failed, Ordering::Relaxed);
+        self.skipped_overlap.fetch_add(r.skipped_overlap, Ordering::Relaxed);
+        self.cancelled_previous.fetch_add(r.cancelled, Ordering::Relaxed);
+        for (outcome, n) in &r.missed {
+            let c = match *outcome {
+                "caught_up" => &self.missed_caught_up,
+                "skipped" => &self.missed_skipped,
+                _ => &self.missed_expired,
+            };
+            c.fetch_add(*n, Ordering::Relaxed);
+        }
+        if r.paused {
+            self.paused_on_failure.fetch_add(1, Ordering::Relaxed);
+        }
+        for ms in &r.lateness_ms {
+            self.lateness.observe(Duration::from_millis(u64::try_from(*ms).unwrap_or(0)));
+        }
+    }
+
+    /// Registers the cron metrics.
+    pub fn register(&self, reg: &mut prometheus_client::registry::Registry) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            reg,
+            "kairos_cron_materialized",
+            "Executions created for cron occurrences.",
+            &self.materialized,
+        );
+        counter(
+            reg,
+            "kairos_cron_materialize_failed",
+            "Cron occurrences the API refused.",
+            &self.failed,
+        );
+        counters_by(
+            reg,
+            "kairos_cron_missed",
+            "Missed cron occurrences, by policy outcome.",
+            "outcome",
+            &[
+                ("caught_up", load(&self.missed_caught_up)),
+                ("skipped", load(&self.missed_skipped)),
+                ("expired", load(&self.missed_expired)),
+            ],
+        );
+        counter(
+            reg,
+            "kairos_cron_skipped_overlap",
+            "Cron occurrences skipped: the previous execution had not finished.",
+            &self.skipped_overlap,
+        );
+        counter(
+            reg,
+            "kairos_cron_cancelled_previous",
+            "Executions cancelled for a newer occurrence (cancel-previous).",
+            &self.cancelled_previous,
+        );
+        counter(
+            reg,
+            "kairos_cron_paused_on_failure",
+            "Cron jobs paused because an execution failed.",
+            &self.paused_on_failure,
+        );
+        counter(reg, "kairos_cron_rounds", "Cron rounds run.", &self.rounds);
+        seconds(
+            reg,
+            "kairos_cron_materialize_lateness",
+            "How late cron occurrences were materialized, after due minus the lookahead.",
+            &self.lateness,
+        );
+        gauge(reg, "kairos_cron_shards_owned", "Cron shards this node owns.", &self.shards_owned);
     }
 }

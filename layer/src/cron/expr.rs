@@ -22,6 +22,7 @@
 //! nearest day n within the month, `LW` the month's last weekday; `nL` the month's last
 //! weekday n (`5L` = last Friday), `n#k` its k-th weekday n (`MON#1` = first Monday).
 
+use crate::limits::CRON_SEARCH_YEARS_MAX;
 use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
 
 /// What is wrong with an expression: the field and why.
@@ -37,10 +38,6 @@ pub struct ExprError {
 fn err(field: &'static str, reason: impl Into<String>) -> ExprError {
     ExprError { field, reason: reason.into() }
 }
-
-/// How far ahead an occurrence is searched: an expression matching nothing within this many
-/// years (e.g. `0 0 30 2 *`) is rejected.
-pub const SEARCH_YEARS_MAX: i32 = 11;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -385,10 +382,10 @@ impl Expr {
     }
 
     /// The first matching wall-clock time strictly after `after` (whole seconds), searching at
-    /// most [`SEARCH_YEARS_MAX`] years ahead.
+    /// most [`CRON_SEARCH_YEARS_MAX`] years ahead.
     pub fn next_after(&self, after: NaiveDateTime) -> Option<NaiveDateTime> {
         let start = after.with_nanosecond(0)? + Duration::seconds(1);
-        let limit = start.date().with_year(start.year() + SEARCH_YEARS_MAX)?;
+        let limit = start.date().with_year(start.year() + CRON_SEARCH_YEARS_MAX)?;
         let (mut date, mut from) = (start.date(), start.time());
         while date <= limit {
             if self.months & (1 << date.month()) == 0 {

@@ -16,9 +16,7 @@ use chrono::Duration;
 use serde_json::Value;
 
 use super::zone::{Schedule, utc_rfc3339};
-
-/// Days a `date±N` placeholder may move (about ten years).
-const DATE_SHIFT_DAYS_MAX: i64 = 3_660;
+use crate::limits::CRON_DATE_SHIFT_DAYS_MAX;
 
 /// What placeholders are replaced with.
 pub struct Occurrence<'a> {
@@ -45,7 +43,7 @@ fn value_of(name: &str, o: &Occurrence<'_>) -> Option<String> {
                 ("+", n) => (1, n),
                 _ => return None,
             };
-            let n: i64 = n.parse().ok().filter(|n| (0..=DATE_SHIFT_DAYS_MAX).contains(n))?;
+            let n: i64 = n.parse().ok().filter(|n| (0..=CRON_DATE_SHIFT_DAYS_MAX).contains(n))?;
             let date = local().date_naive() + Duration::days(sign * n);
             date.format("%Y-%m-%d").to_string()
         }

@@ -15,13 +15,11 @@ use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, SecondsFormat, TimeZo
 use chrono_tz::Tz;
 
 use super::expr::Expr;
+use crate::limits::CRON_WALL_TIMES_PER_CALL_MAX;
 
 const SECOND_MS: i64 = 1_000;
 const HOUR_MS: i64 = 3_600 * SECOND_MS;
 const DAY_MS: i64 = 24 * HOUR_MS;
-/// Wall times examined at most for one `next_after` (a per-second schedule across a one-hour
-/// fold looks at 3,600).
-const WALL_TIMES_PER_CALL_MAX: usize = 200_000;
 
 /// What to do with a matching wall time that does not exist (clocks jumped over it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -189,7 +187,7 @@ impl Schedule {
             |lo: i64| naive_of(after_ms + lo).with_nanosecond_zero() - chrono::Duration::seconds(1);
         let mut cursor = start_of(lo);
         let mut best: Option<i64> = None;
-        for _ in 0..WALL_TIMES_PER_CALL_MAX {
+        for _ in 0..CRON_WALL_TIMES_PER_CALL_MAX {
             let Some(w) = self.expr.next_after(cursor) else { break };
             if let Some(b) = best
                 && ms_of_naive(w) - hi > b

@@ -28,7 +28,7 @@ use serde_json::{Map, Value, json};
 
 use inputs::check_value;
 pub use inputs::validate_inputs;
-use tree::{Fields, Node};
+use tree::{Fields, Tree};
 
 mod inputs;
 mod tree;
@@ -138,31 +138,31 @@ pub fn parse_definition(source: impl AsRef<[u8]>) -> Result<JobDefinition> {
         ));
     }
     let root = if text.trim_start().starts_with('{') {
-        serde_json::from_str::<Node>(text)
+        serde_json::from_str::<Tree>(text)
             .map_err(|e| err("definition", format!("invalid JSON: {e}")))?
     } else {
-        serde_yaml_ng::from_str::<Node>(text)
+        serde_yaml_ng::from_str::<Tree>(text)
             .map_err(|e| err("definition", format!("invalid YAML: {e}")))?
     };
     from_tree(root)
 }
 
-fn from_tree(root: Node) -> Result<JobDefinition> {
-    if matches!(root, Node::Null) {
+fn from_tree(root: Tree) -> Result<JobDefinition> {
+    if matches!(root, Tree::Null) {
         return Err(err("definition", "file is empty"));
     }
     let mut top = Fields::new(root, "", "definition")?;
     top.reject_unknown(TOP_KEYS)?;
     let name = match top.take("name") {
-        Some(Node::Str(s)) if is_name(&s) => s,
+        Some(Tree::Str(s)) if is_name(&s) => s,
         Some(_) => return Err(err("name", format!("must match {NAME_PATTERN}"))),
         None => return Err(err("name", "is required")),
     };
     let version = match top.take("version") {
-        Some(Node::Int(v)) if v > u32::MAX as i128 => {
+        Some(Tree::Int(v)) if v > u32::MAX as i128 => {
             return Err(err("version", format!("must be a positive integer up to {}", u32::MAX)));
         }
-        Some(Node::Int(v)) if v >= 1 => v as u32,
+        Some(Tree::Int(v)) if v >= 1 => v as u32,
         Some(_) => return Err(err("version", "must be a positive integer")),
         None => return Err(err("version", "is required")),
     };
@@ -198,10 +198,10 @@ fn from_tree(root: Node) -> Result<JobDefinition> {
 
 /// An `inputs` or `outputs` mapping. The two share their syntax except that only inputs may say
 /// `required` or `default`, so outputs are parsed as inputs and converted.
-fn declarations(node: Option<Node>, list: &str) -> Result<Vec<InputDecl>> {
+fn declarations(node: Option<Tree>, list: &str) -> Result<Vec<InputDecl>> {
     let entries = match node {
         None => return Ok(Vec::new()),
-        Some(Node::Map(entries)) => entries,
+        Some(Tree::Map(entries)) => entries,
         Some(other) => {
             return Err(err(
                 list,
@@ -218,8 +218,8 @@ fn declarations(node: Option<Node>, list: &str) -> Result<Vec<InputDecl>> {
         }
         let mut decl = InputDecl { name, required: true, ..Default::default() };
         match spec {
-            Node::Str(ty) => decl.set_type(input_type(&ty, &format!("{path}.type"))?),
-            spec @ Node::Map(_) => {
+            Tree::Str(ty) => decl.set_type(input_type(&ty, &format!("{path}.type"))?),
+            spec @ Tree::Map(_) => {
                 let mut f = Fields::new(spec, &path, "")?;
                 f.reject_unknown(if is_input {
                     &["type", "required", "default", "description"]
@@ -235,7 +235,7 @@ fn declarations(node: Option<Node>, list: &str) -> Result<Vec<InputDecl>> {
                     opt_string(f.take("description"), &f.path("description"))?.unwrap_or_default();
                 let required = match f.take("required") {
                     None => None,
-                    Some(Node::Bool(b)) => Some(b),
+                    Some(Tree::Bool(b)) => Some(b),
                     Some(_) => return Err(err(f.path("required"), "must be true or false")),
                 };
                 if let Some(default) = f.take("default") {
@@ -277,20 +277,20 @@ fn type_name(ty: InputType) -> &'static str {
     TYPES.iter().find(|(_, t)| *t == ty).map_or("unspecified", |(n, _)| n)
 }
 
-fn execution(node: Option<Node>) -> Result<Vec<u8>> {
+fn execution(node: Option<Tree>) -> Result<Vec<u8>> {
     let Some(node) = node else { return Err(err("execution", "is required")) };
     let mut f = Fields::new(node, "execution", "")?;
     match f.entries.iter().find(|(k, _)| k == "type").map(|(_, v)| v) {
-        Some(Node::Str(t)) if !t.is_empty() => {}
-        Some(Node::Str(_)) => return Err(err("execution.type", "must not be empty")),
+        Some(Tree::Str(t)) if !t.is_empty() => {}
+        Some(Tree::Str(_)) => return Err(err("execution.type", "must not be empty")),
         Some(_) => return Err(err("execution.type", "must be a string")),
         None => return Err(err("execution.type", "is required")),
     }
-    let value = Node::Map(std::mem::take(&mut f.entries)).into_json("execution")?;
+    let value = Tree::Map(std::mem::take(&mut f.entries)).into_json("execution")?;
     Ok(serde_json::to_vec(&value).unwrap_or_default())
 }
 
-fn retry(node: Option<Node>) -> Result<RetryPolicy> {
+fn retry(node: Option<Tree>) -> Result<RetryPolicy> {
     let mut policy = RetryPolicy {
         max_attempts: DEFAULT_MAX_ATTEMPTS,
         base_delay_ms: DEFAULT_BASE_DELAY_MS,
@@ -301,8 +301,8 @@ fn retry(node: Option<Node>) -> Result<RetryPolicy> {
     f.reject_unknown(&["max_attempts", "base_delay", "max_delay"])?;
     match f.take("max_attempts") {
         None => {}
-        Some(Node::Int(n)) if (1..=100).contains(&n) => policy.max_attempts = n as u32,
-        Some(Node::Int(_)) => return Err(err("retry.max_attempts", "must be between 1 and 100")),
+        Some(Tree::Int(n)) if (1..=100).contains(&n) => policy.max_attempts = n as u32,
+        Some(Tree::Int(_)) => return Err(err("retry.max_attempts", "must be between 1 and 100")),
         Some(_) => {
             return Err(err("retry.max_attempts", "must be an integer between 1 and 100"));
         }
@@ -327,7 +327,7 @@ fn retry(node: Option<Node>) -> Result<RetryPolicy> {
     Ok(policy)
 }
 
-fn timeouts(node: Option<Node>) -> Result<(u64, u64)> {
+fn timeouts(node: Option<Tree>) -> Result<(u64, u64)> {
     let Some(node) = node else { return Ok((0, DEFAULT_LEASE_MS)) };
     let mut f = Fields::new(node, "timeouts", "")?;
     f.reject_unknown(&["attempt", "lease"])?;
@@ -341,10 +341,10 @@ fn timeouts(node: Option<Node>) -> Result<(u64, u64)> {
 }
 
 /// A duration: an integer number of milliseconds or a string `<digits><ms|s|m|h|d>`.
-fn duration(node: Node, path: &str) -> Result<u64> {
+fn duration(node: Tree, path: &str) -> Result<u64> {
     let ms = match &node {
-        Node::Int(n) if *n >= 0 => Some(u64::try_from(*n).unwrap_or(u64::MAX)),
-        Node::Str(s) => {
+        Tree::Int(n) if *n >= 0 => Some(u64::try_from(*n).unwrap_or(u64::MAX)),
+        Tree::Str(s) => {
             let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
             let (digits, unit) = s.split_at(split);
             let scale = match unit {
@@ -397,10 +397,10 @@ fn format_duration(ms: u64) -> String {
     }
 }
 
-fn opt_string(node: Option<Node>, path: &str) -> Result<Option<String>> {
+fn opt_string(node: Option<Tree>, path: &str) -> Result<Option<String>> {
     match node {
         None => Ok(None),
-        Some(Node::Str(s)) => Ok(Some(s)),
+        Some(Tree::Str(s)) => Ok(Some(s)),
         Some(other) => Err(err(path, format!("must be a string, got {}", other.kind()))),
     }
 }

@@ -1,5 +1,5 @@
 //! The order-preserving parse tree a definition file is read into before interpretation: one
-//! [`Node`] type for YAML and JSON, and [`Fields`] for taking a mapping's keys one by one.
+//! [`Tree`] type for YAML and JSON, and [`Fields`] for taking a mapping's keys one by one.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -13,52 +13,52 @@ use super::{Result, err, quote};
 /// `preserve_order` feature) it keeps mappings in file order, which the input list depends on,
 /// and one type serves both YAML and JSON.
 #[derive(Debug)]
-pub(super) enum Node {
+pub(super) enum Tree {
     Null,
     Bool(bool),
     Int(i128),
     Float(f64),
     Str(String),
-    List(Vec<Node>),
-    Map(Vec<(String, Node)>),
+    List(Vec<Tree>),
+    Map(Vec<(String, Tree)>),
 }
 
-impl Node {
+impl Tree {
     pub(super) fn kind(&self) -> &'static str {
         match self {
-            Node::Null => "null",
-            Node::Bool(_) => "a boolean",
-            Node::Int(_) => "an integer",
-            Node::Float(_) => "a number",
-            Node::Str(_) => "a string",
-            Node::List(_) => "a list",
-            Node::Map(_) => "a mapping",
+            Tree::Null => "null",
+            Tree::Bool(_) => "a boolean",
+            Tree::Int(_) => "an integer",
+            Tree::Float(_) => "a number",
+            Tree::Str(_) => "a string",
+            Tree::List(_) => "a list",
+            Tree::Map(_) => "a mapping",
         }
     }
 
     pub(super) fn into_json(self, path: &str) -> Result<Value> {
         Ok(match self {
-            Node::Null => Value::Null,
-            Node::Bool(b) => b.into(),
-            Node::Int(n) => match (i64::try_from(n), u64::try_from(n)) {
+            Tree::Null => Value::Null,
+            Tree::Bool(b) => b.into(),
+            Tree::Int(n) => match (i64::try_from(n), u64::try_from(n)) {
                 (Ok(n), _) => n.into(),
                 (_, Ok(n)) => n.into(),
                 // As serde_json reads such integers from a JSON file: a (rounded) float.
                 _ => serde_json::Number::from_f64(n as f64).map_or(Value::Null, Value::Number),
             },
             // YAML's .nan and .inf have no JSON form.
-            Node::Float(f) => serde_json::Number::from_f64(f)
+            Tree::Float(f) => serde_json::Number::from_f64(f)
                 .map(Value::Number)
                 .ok_or_else(|| err(path, "must be a finite number"))?,
-            Node::Str(s) => s.into(),
-            Node::List(items) => Value::Array(
+            Tree::Str(s) => s.into(),
+            Tree::List(items) => Value::Array(
                 items
                     .into_iter()
                     .enumerate()
                     .map(|(i, n)| n.into_json(&format!("{path}[{i}]")))
                     .collect::<Result<_>>()?,
             ),
-            Node::Map(entries) => Value::Object(
+            Tree::Map(entries) => Value::Object(
                 entries
                     .into_iter()
                     .map(|(k, n)| n.into_json(&format!("{path}.{k}")).map(|v| (k, v)))
@@ -71,13 +71,13 @@ impl Node {
 /// A mapping being interpreted: keys are taken one by one; `path` prefixes error fields.
 pub(super) struct Fields {
     path: String,
-    pub(super) entries: Vec<(String, Node)>,
+    pub(super) entries: Vec<(String, Tree)>,
 }
 
 impl Fields {
-    pub(super) fn new(node: Node, path: &str, what: &str) -> Result<Self> {
+    pub(super) fn new(node: Tree, path: &str, what: &str) -> Result<Self> {
         match node {
-            Node::Map(entries) => Ok(Fields { path: path.to_owned(), entries }),
+            Tree::Map(entries) => Ok(Fields { path: path.to_owned(), entries }),
             other => Err(err(
                 if path.is_empty() { what } else { path },
                 format!("must be a mapping, got {}", other.kind()),
@@ -106,16 +106,16 @@ impl Fields {
     }
 
     /// Removes and returns `key`'s value; `null` reads as absent.
-    pub(super) fn take(&mut self, key: &str) -> Option<Node> {
+    pub(super) fn take(&mut self, key: &str) -> Option<Tree> {
         let i = self.entries.iter().position(|(k, _)| k == key)?;
         match self.entries.remove(i).1 {
-            Node::Null => None,
+            Tree::Null => None,
             node => Some(node),
         }
     }
 }
 
-impl<'de> Deserialize<'de> for Node {
+impl<'de> Deserialize<'de> for Tree {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(NodeVisitor)
     }
@@ -124,56 +124,56 @@ impl<'de> Deserialize<'de> for Node {
 struct NodeVisitor;
 
 impl<'de> Visitor<'de> for NodeVisitor {
-    type Value = Node;
+    type Value = Tree;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a YAML or JSON value")
     }
-    fn visit_unit<E>(self) -> Result<Node, E> {
-        Ok(Node::Null)
+    fn visit_unit<E>(self) -> Result<Tree, E> {
+        Ok(Tree::Null)
     }
-    fn visit_none<E>(self) -> Result<Node, E> {
-        Ok(Node::Null)
+    fn visit_none<E>(self) -> Result<Tree, E> {
+        Ok(Tree::Null)
     }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Node, D::Error> {
-        Node::deserialize(d)
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Tree, D::Error> {
+        Tree::deserialize(d)
     }
-    fn visit_bool<E>(self, v: bool) -> Result<Node, E> {
-        Ok(Node::Bool(v))
+    fn visit_bool<E>(self, v: bool) -> Result<Tree, E> {
+        Ok(Tree::Bool(v))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Node, E> {
-        Ok(Node::Int(v.into()))
+    fn visit_i64<E>(self, v: i64) -> Result<Tree, E> {
+        Ok(Tree::Int(v.into()))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Node, E> {
-        Ok(Node::Int(v.into()))
+    fn visit_u64<E>(self, v: u64) -> Result<Tree, E> {
+        Ok(Tree::Int(v.into()))
     }
-    fn visit_i128<E>(self, v: i128) -> Result<Node, E> {
-        Ok(Node::Int(v))
+    fn visit_i128<E>(self, v: i128) -> Result<Tree, E> {
+        Ok(Tree::Int(v))
     }
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Node, E> {
-        i128::try_from(v).map(Node::Int).map_err(|_| E::custom("integer out of range"))
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Tree, E> {
+        i128::try_from(v).map(Tree::Int).map_err(|_| E::custom("integer out of range"))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<Node, E> {
-        Ok(Node::Float(v))
+    fn visit_f64<E>(self, v: f64) -> Result<Tree, E> {
+        Ok(Tree::Float(v))
     }
-    fn visit_str<E>(self, v: &str) -> Result<Node, E> {
-        Ok(Node::Str(v.to_owned()))
+    fn visit_str<E>(self, v: &str) -> Result<Tree, E> {
+        Ok(Tree::Str(v.to_owned()))
     }
-    fn visit_string<E>(self, v: String) -> Result<Node, E> {
-        Ok(Node::Str(v))
+    fn visit_string<E>(self, v: String) -> Result<Tree, E> {
+        Ok(Tree::Str(v))
     }
-    fn visit_enum<A: de::EnumAccess<'de>>(self, _: A) -> Result<Node, A::Error> {
+    fn visit_enum<A: de::EnumAccess<'de>>(self, _: A) -> Result<Tree, A::Error> {
         // Only YAML tags (`!name value`) reach this: their meaning is application-defined.
         Err(de::Error::custom("YAML tags such as `!name` are not supported"))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
         let mut items = Vec::new();
         while let Some(item) = seq.next_element()? {
             items.push(item);
         }
-        Ok(Node::List(items))
+        Ok(Tree::List(items))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
         // serde_json keeps the last of duplicate keys silently; a definition saying two
         // different things about one key is a mistake worth reporting (with its position).
         let mut entries = Vec::new();
@@ -184,7 +184,7 @@ impl<'de> Visitor<'de> for NodeVisitor {
             }
             entries.push((key, map.next_value()?));
         }
-        Ok(Node::Map(entries))
+        Ok(Tree::Map(entries))
     }
 }
 

@@ -82,3 +82,5 @@ pub fn strinc(prefix: &[u8]) -> Option<Vec<u8>> {
     }
     None
 }
+/// Most transactions written by one engine commit (one fsync).
+pub const GROUP_COMMIT_TRANSACTIONS_MAX: usize = 8_192;

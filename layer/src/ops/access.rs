@@ -13,6 +13,7 @@ use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::records::{decode, encode};
 use crate::kv::Transaction;
+use crate::limits::{AUDIT_DETAIL_BYTES_MAX, AUDIT_PAGE_MAX, KEY_NAME_BYTES_MAX};
 
 /// The scopes a key may carry.
 pub const SCOPES: [&str; 5] = ["submit", "read", "worker", "definitions", "admin"];
@@ -22,13 +23,6 @@ pub const ALL_NAMESPACES: &str = "*";
 
 /// Prefix of every token.
 pub const TOKEN_PREFIX: &str = "kai_";
-
-/// Longest key name.
-const KEY_NAME_BYTES_MAX: usize = 128;
-/// Most audit records one read returns.
-pub const AUDIT_PAGE_MAX: usize = 1_000;
-/// Longest detail kept in an audit record.
-const AUDIT_DETAIL_BYTES_MAX: usize = 512;
 
 /// A key just created: its record and the token, shown once.
 #[derive(Debug, Clone)]
@@ -86,7 +80,7 @@ pub fn check_key_namespace(ns: &str) -> Result<()> {
     if ns == ALL_NAMESPACES {
         return Ok(());
     }
-    super::submit::check_name("namespace", ns)
+    super::validate::check_name("namespace", ns)
 }
 
 /// The scopes, checked, sorted and without repeats.

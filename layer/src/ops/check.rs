@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kairos_proto::storage::v1::{
     Attempt, ClusterConfig, CronJob, CronTimerEntry, Execution, ExecutionStatus, IdempotencyRecord,
-    JobDefinition, Node, PartitionExpiry, PartitionOwner, QuarantineRecord, TimerEntry,
+    JobDefinition, NodeRecord, PartitionExpiry, PartitionOwner, QuarantineRecord, TimerEntry,
 };
 use prost::Message;
 
@@ -285,7 +285,7 @@ fn check_value(
             let Ok((ns, status, _)) = ks.parse_status_count(key) else { return };
             *r.counted.entry((ns, status)).or_default() += crate::kv::decode_i64(Some(value));
         }
-        Tag::Node => drop(decodes::<Node>(report, key, "node", value)),
+        Tag::Node => drop(decodes::<NodeRecord>(report, key, "node", value)),
         Tag::CronJob => {
             let Ok((ns, id)) = ks.parse_cron_job(key) else { return };
             if let Some(j) = decodes::<CronJob>(report, key, "cron job", value) {

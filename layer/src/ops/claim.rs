@@ -3,6 +3,10 @@
 //! (concurrently), takes entries from them starting at a random partition, and puts an
 //! explicit read conflict on the taken keys only (the couch_jobs / QuiCK pattern), so
 //! concurrent claimers rarely collide and a collision only retries one of them.
+//!
+//! A claim, like a fire matched to waiting workers ([`super::fire`]), leaves a *receipt*
+//! (tag 23, [`Receipt`]): the same transaction retried after an unknown commit result finds it
+//! and hands out exactly what the committed try started, to the same slots.
 
 use std::collections::BTreeSet;
 
@@ -11,10 +15,9 @@ use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::records::{load_execution, running_attempt};
-use super::submit::check_name;
-use super::worker::check_lease_ms;
+use super::validate::{check_lease_ms, check_name};
 use crate::kv::{KeyValue, Transaction};
-use crate::limits::{CLAIM_BATCH_MAX, CLAIM_SCAN_MAX};
+use crate::limits::{CLAIM_BATCH_MAX, CLAIM_EXECUTIONS_MAX, CLAIM_SCAN_MAX};
 
 /// An execution handed to a worker: the attempt carries the fencing token its results must
 /// present.
@@ -29,91 +32,119 @@ pub struct Claimed {
 impl Claimed {
     /// The claim of a RUNNING execution, as the execution record carries it.
     pub(crate) fn of(execution: Execution) -> Claimed {
+        assert_eq!(execution.status, ExecutionStatus::Running as i32, "a claim is RUNNING");
         let attempt = running_attempt(&execution);
         Claimed { execution, attempt }
     }
 }
 
-/// One waiting worker's share of a `claim_many`.
+/// How long receipts are kept (a retried claim or fire comes back within seconds).
+pub(crate) const RECEIPT_KEEP_MS: i64 = 60_000;
+
+/// One waiting worker's share of a claim (or of a fire's offer): slots are filled in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimSlot {
     /// The worker; empty for a node's dispatch buffer: the attempts are then *unassigned*
     /// until a worker's heartbeat or result names it, and an unassigned attempt whose lease
     /// runs out is released (READY again, not counted) instead of timed out.
     pub worker_id: String,
-    /// Most executions for it.
+    /// Most executions for it (at most [`CLAIM_BATCH_MAX`]).
     pub max: usize,
     /// The lease of each execution it gets (the definition's when `None`).
     pub lease_ms: Option<u64>,
 }
 
-/// Most executions one `claim_many` takes over all its slots.
-pub const CLAIM_MANY_MAX: usize = CLAIM_SCAN_MAX;
+/// What one claim took.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClaimOutcome {
+    /// What each slot got, in slot order.
+    pub per_slot: Vec<Vec<Claimed>>,
+    /// The queue may hold more READY work than this claim took (a partition's head was read
+    /// to its limit, or more was read than taken): fewer than asked does not mean empty.
+    pub more: bool,
+}
 
-/// How long claim receipts are kept (a retried claim comes back within seconds).
-pub(crate) const RECEIPT_KEEP_MS: i64 = 60_000;
-
-impl Scheduler {
-    /// Claims up to `max` READY executions of `queue` for `worker_id`, each with a lease of
-    /// `lease_ms` (the definition's lease when `None`).
-    pub async fn claim(
-        &self,
-        ns: &str,
-        queue: &str,
-        worker_id: &str,
-        max: usize,
-        lease_ms: Option<u64>,
-    ) -> Result<Vec<Claimed>> {
-        if max == 0 || max > CLAIM_BATCH_MAX {
+/// Checks claim slots: names, leases, at most [`CLAIM_BATCH_MAX`] each and
+/// [`CLAIM_EXECUTIONS_MAX`] in all.
+pub fn check_slots(slots: &[ClaimSlot]) -> Result<usize> {
+    for s in slots {
+        if !s.worker_id.is_empty() {
+            check_name("workerId", &s.worker_id)?;
+        }
+        if s.max == 0 || s.max > CLAIM_BATCH_MAX {
             return Err(invalid(
                 "maxExecutions",
                 format!("must be between 1 and {CLAIM_BATCH_MAX}"),
             ));
         }
-        let slots = [ClaimSlot { worker_id: worker_id.to_string(), max, lease_ms }];
-        let mut out = self.claim_many(ns, queue, &slots).await?;
-        Ok(out.pop().unwrap_or_default())
+        check_lease_ms(s.lease_ms)?;
+    }
+    let total: usize = slots.iter().map(|s| s.max).sum();
+    if slots.is_empty() || total > CLAIM_EXECUTIONS_MAX {
+        return Err(invalid("slots", format!("1 to {CLAIM_EXECUTIONS_MAX} executions per claim")));
+    }
+    Ok(total)
+}
+
+/// Hands out slot indexes in order: slot 0 until it has its `max`, then slot 1, …
+#[derive(Debug)]
+pub(crate) struct SlotFiller<'a> {
+    slots: &'a [ClaimSlot],
+    next: usize,
+    used: usize,
+}
+
+impl<'a> SlotFiller<'a> {
+    pub(crate) fn new(slots: &'a [ClaimSlot]) -> Self {
+        SlotFiller { slots, next: 0, used: 0 }
     }
 
-    /// Claims for several waiting workers of one queue in one transaction (a node's
-    /// dispatcher batches its waiting workers this way): slot `i` gets up to `slots[i].max`
-    /// executions, earlier slots first, each with the slot's own lease.
-    pub async fn claim_many(
-        &self,
-        ns: &str,
-        queue: &str,
-        slots: &[ClaimSlot],
-    ) -> Result<Vec<Vec<Claimed>>> {
-        Ok(self.claim_many_more(ns, queue, slots).await?.0)
+    /// The slot the next execution goes to, if any has room.
+    pub(crate) fn take(&mut self) -> Option<(usize, &'a ClaimSlot)> {
+        while self.next < self.slots.len() && self.used >= self.slots[self.next].max {
+            self.next += 1;
+            self.used = 0;
+        }
+        let slot = self.slots.get(self.next)?;
+        self.used += 1;
+        Some((self.next, slot))
     }
+}
 
-    /// [`claim_many`](Self::claim_many), also telling whether the queue may hold more READY
-    /// work than this claim took (a partition's head was read to its limit, or more was read
-    /// than taken): fewer executions than asked does not mean the queue is empty.
-    pub async fn claim_many_more(
-        &self,
-        ns: &str,
-        queue: &str,
-        slots: &[ClaimSlot],
-    ) -> Result<(Vec<Vec<Claimed>>, bool)> {
+/// The value of a receipt (tag 23): the `(namespace, execution id, fencing token, slot)` of
+/// every attempt one claim — or one fire, for its offer's slots — started.
+pub(crate) type Receipt = Vec<(String, String, u64, u32)>;
+
+/// What a receipt's attempts are now: those still RUNNING under their token, with their slot
+/// (an attempt may have ended since).
+pub(crate) async fn load_receipt(
+    tx: &Transaction,
+    sched: &Scheduler,
+    value: &[u8],
+) -> Result<Vec<(Claimed, usize)>> {
+    let taken: Receipt =
+        crate::tuple::unpack(value).map_err(|e| Error::Corrupt(format!("claim receipt: {e}")))?;
+    let loads = taken.iter().map(|(ns, id, _, _)| load_execution(tx, &sched.ks, ns, id));
+    let found = futures_util::future::try_join_all(loads).await?;
+    Ok(taken
+        .into_iter()
+        .zip(found)
+        .filter_map(|((_, _, token, slot), e)| {
+            let e = e?;
+            let live = e.fencing_token == token && e.status == ExecutionStatus::Running as i32;
+            live.then(|| (Claimed::of(e), slot as usize))
+        })
+        .collect())
+}
+
+impl Scheduler {
+    /// Claims READY executions of `queue` for its waiting workers in one transaction (a
+    /// node's dispatcher batches its waiting workers this way): slot `i` gets up to
+    /// `slots[i].max` executions, earlier slots first, each with the slot's own lease.
+    pub async fn claim(&self, ns: &str, queue: &str, slots: &[ClaimSlot]) -> Result<ClaimOutcome> {
         check_name("namespace", ns)?;
         check_name("queue", queue)?;
-        for s in slots {
-            if !s.worker_id.is_empty() {
-                check_name("workerId", &s.worker_id)?;
-            }
-            if s.max == 0 || s.max > CLAIM_BATCH_MAX {
-                return Err(invalid(
-                    "maxExecutions",
-                    format!("must be between 1 and {CLAIM_BATCH_MAX}"),
-                ));
-            }
-            check_lease_ms(s.lease_ms)?;
-        }
-        let total: usize = slots.iter().map(|s| s.max).sum();
-        if slots.is_empty() || total > CLAIM_MANY_MAX {
-            return Err(invalid("slots", format!("1 to {CLAIM_MANY_MAX} executions per claim")));
-        }
+        let total = check_slots(slots)?;
         let now_ms = self.clock.now().as_millis();
         // Chosen outside the retry loop: a retry after an unknown commit result finds the
         // receipt of the claim that did commit and returns what it took.
@@ -126,52 +157,79 @@ impl Scheduler {
                 // Read here, not before the loop: a retried claim starts attempts now, never
                 // before the executions it takes became READY.
                 let now_ms = self.clock.now().as_millis().max(now_ms);
+                let mut out = ClaimOutcome { per_slot: vec![Vec::new(); slots.len()], more: true };
                 if let Some(v) = tx.get(receipt).await? {
-                    let out = self.claimed_by_receipt(&tx, &v, slots.len()).await?;
-                    return Ok((out, true));
+                    for (c, slot) in load_receipt(&tx, self, &v).await? {
+                        out.per_slot[slot].push(c);
+                    }
+                    return Ok(out);
                 }
                 let expired = self.ks.claim_receipts_before(now_ms - RECEIPT_KEEP_MS);
                 tx.clear_range(&expired.begin, &expired.end)?;
-                let (head, full) = self.ready_heads(&tx, ns, queue, parts, start, total).await?;
-                let picked = self.pick(&head, total);
-                let more = full || picked.len() < head.len();
-                for kv in &picked {
-                    tx.add_read_conflict_key(&kv.key)?;
-                    tx.clear(&kv.key)?;
-                }
-                let ids: Vec<String> = picked
-                    .iter()
-                    .map(|kv| self.ks.parse_ready(&kv.key).map(|r| r.execution_id))
-                    .collect::<std::result::Result<_, _>>()?;
-                let loads = ids.iter().map(|id| load_execution(&tx, &self.ks, ns, id));
-                let found = futures_util::future::try_join_all(loads).await?;
-                let ready: Vec<Execution> = found
-                    .into_iter()
-                    .flatten() // a stale entry (execution gone): cleared above
-                    .filter(|e| e.status == ExecutionStatus::Ready as i32)
-                    .collect();
-                let shards: BTreeSet<u32> = ready.iter().map(|e| e.shard).collect();
-                let wms = self.watermarks(&tx, shards).await?;
-                let mut out: Vec<Vec<Claimed>> = vec![Vec::new(); slots.len()];
-                let mut taken: Vec<(String, u64, u32)> = Vec::new();
-                let mut slot = 0;
-                for mut e in ready {
-                    while slot < slots.len() && out[slot].len() >= slots[slot].max {
-                        slot += 1;
-                    }
-                    if slot == slots.len() {
-                        break;
-                    }
-                    let s = &slots[slot];
-                    let (stored, wm) = (e.status, wms[&e.shard]);
-                    self.start_attempt(&tx, &mut e, stored, &s.worker_id, s.lease_ms, now_ms, wm)?;
-                    taken.push((e.id.clone(), e.fencing_token, slot as u32));
-                    out[slot].push(Claimed::of(e));
-                }
-                tx.set(receipt, &crate::tuple::pack(&(ns, &taken)))?;
-                Ok((out, more))
+                let (ready, more) = self.take_ready(&tx, ns, queue, parts, start, total).await?;
+                out.more = more;
+                let taken = self.start_claimed(&tx, ready, slots, now_ms, &mut out).await?;
+                tx.set(receipt, &crate::tuple::pack(&taken))?;
+                Ok(out)
             })
             .await
+    }
+
+    /// Takes up to `total` entries of the queue's ready partitions (clearing them, each with
+    /// a read conflict) and loads their executions: those still READY, and whether the queue
+    /// may hold more.
+    async fn take_ready(
+        &self,
+        tx: &Transaction,
+        ns: &str,
+        queue: &str,
+        parts: u32,
+        start: u32,
+        total: usize,
+    ) -> Result<(Vec<Execution>, bool)> {
+        let (head, full) = self.ready_heads(tx, ns, queue, parts, start, total).await?;
+        let picked = self.pick(&head, total);
+        let more = full || picked.len() < head.len();
+        for kv in &picked {
+            tx.add_read_conflict_key(&kv.key)?;
+            tx.clear(&kv.key)?;
+        }
+        let ids: Vec<String> = picked
+            .iter()
+            .map(|kv| self.ks.parse_ready(&kv.key).map(|r| r.execution_id))
+            .collect::<std::result::Result<_, _>>()?;
+        let loads = ids.iter().map(|id| load_execution(tx, &self.ks, ns, id));
+        let found = futures_util::future::try_join_all(loads).await?;
+        let ready = found
+            .into_iter()
+            .flatten() // a stale entry (execution gone): cleared above
+            .filter(|e| e.status == ExecutionStatus::Ready as i32)
+            .collect();
+        Ok((ready, more))
+    }
+
+    /// Starts an attempt for each of `ready` in slot order; returns the receipt of what it
+    /// started.
+    async fn start_claimed(
+        &self,
+        tx: &Transaction,
+        ready: Vec<Execution>,
+        slots: &[ClaimSlot],
+        now_ms: i64,
+        out: &mut ClaimOutcome,
+    ) -> Result<Receipt> {
+        let shards: BTreeSet<u32> = ready.iter().map(|e| e.shard).collect();
+        let wms = self.watermarks(tx, shards).await?;
+        let mut filler = SlotFiller::new(slots);
+        let mut taken = Receipt::new();
+        for mut e in ready {
+            let Some((i, slot)) = filler.take() else { break };
+            let (stored, wm) = (e.status, wms[&e.shard]);
+            self.start_attempt(tx, &mut e, stored, slot, now_ms, wm)?;
+            taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
+            out.per_slot[i].push(Claimed::of(e));
+        }
+        Ok(taken)
     }
 
     /// The heads of a queue's partitions (snapshot reads, issued concurrently), enough to pick
@@ -207,28 +265,30 @@ impl Scheduler {
     fn pick(&self, head: &[KeyValue], n: usize) -> Vec<KeyValue> {
         head.iter().take(n).cloned().collect()
     }
+}
 
-    async fn claimed_by_receipt(
-        &self,
-        tx: &Transaction,
-        receipt: &[u8],
-        slots: usize,
-    ) -> Result<Vec<Vec<Claimed>>> {
-        let (ns, taken): (String, Vec<(String, u64, u32)>) = crate::tuple::unpack(receipt)
-            .map_err(|e| Error::Corrupt(format!("claim receipt: {e}")))?;
-        let loads = taken.iter().map(|(id, _, _)| load_execution(tx, &self.ks, &ns, id));
-        let found = futures_util::future::try_join_all(loads).await?;
-        let mut out: Vec<Vec<Claimed>> = vec![Vec::new(); slots];
-        for ((_, token, slot), e) in taken.into_iter().zip(found) {
-            let Some(e) = e else { continue };
-            // Only what this claim still holds: the attempt may have ended meanwhile.
-            if e.fencing_token != token || e.status != ExecutionStatus::Running as i32 {
-                continue;
-            }
-            if let Some(v) = out.get_mut(slot as usize) {
-                v.push(Claimed::of(e));
-            }
-        }
-        Ok(out)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(max: usize) -> ClaimSlot {
+        ClaimSlot { worker_id: "w".into(), max, lease_ms: None }
+    }
+
+    #[test]
+    fn slots_fill_in_order() {
+        let slots = [slot(2), slot(1)];
+        let mut f = SlotFiller::new(&slots);
+        let got: Vec<usize> = std::iter::from_fn(|| f.take().map(|(i, _)| i)).collect();
+        assert_eq!(got, [0, 0, 1]);
+        assert!(SlotFiller::new(&[]).take().is_none());
+    }
+
+    #[test]
+    fn slots_are_checked_naming_the_field() {
+        assert_eq!(check_slots(&[slot(2), slot(3)]).unwrap(), 5);
+        assert!(check_slots(&[]).is_err());
+        let e = check_slots(&[slot(CLAIM_BATCH_MAX + 1)]).unwrap_err().to_string();
+        assert!(e.contains("maxExecutions"), "{e}");
     }
 }

@@ -26,15 +26,9 @@ impl Scheduler {
     /// worker learns it from its next heartbeat, and it ends CANCELLED when the attempt ends
     /// (a failure, a time-out or a release), never retried — or SUCCEEDED if the handler
     /// completes anyway. A finished execution is refused with `FailedPrecondition`.
-    /// Idempotent.
-    pub async fn cancel(&self, ns: &str, id: &str) -> Result<Cancelled> {
-        self.cancel_by(ns, id, "internal").await
-    }
-
-    /// [`cancel`](Self::cancel), recorded in the audit log as asked by `who` (when it changed
-    /// something).
-    pub async fn cancel_by(&self, ns: &str, id: &str, who: &str) -> Result<Cancelled> {
-        super::submit::check_ref(ns, id)?;
+    /// Idempotent. Recorded in the audit log as asked by `who` (when it changed something).
+    pub async fn cancel(&self, ns: &str, id: &str, who: &str) -> Result<Cancelled> {
+        super::validate::check_ref(ns, id)?;
         let now_ms = self.clock.now().as_millis();
         let audit_id = self.audit_id();
         let audit = |tx: &crate::kv::Transaction, detail: &str| {
@@ -96,13 +90,9 @@ impl Scheduler {
     /// The retry recognizes its own replay — the execution has left the FAILED state it read,
     /// with `attempt_base` at that state's attempt count — and answers it, rather than refusing
     /// with `FailedPrecondition` (or replaying a second time) a replay that took effect.
-    pub async fn replay(&self, ns: &str, id: &str) -> Result<Execution> {
-        self.replay_by(ns, id, "internal").await
-    }
-
-    /// [`replay`](Self::replay), recorded in the audit log as asked by `who`.
-    pub async fn replay_by(&self, ns: &str, id: &str, who: &str) -> Result<Execution> {
-        super::submit::check_ref(ns, id)?;
+    /// Recorded in the audit log as asked by `who`.
+    pub async fn replay(&self, ns: &str, id: &str, who: &str) -> Result<Execution> {
+        super::validate::check_ref(ns, id)?;
         let now_ms = self.clock.now().as_millis();
         let audit_id = self.audit_id();
         let audit_id = &audit_id;

@@ -5,7 +5,7 @@ use kairos_proto::storage::v1::JobDefinition;
 use super::Scheduler;
 use super::error::{Error, Result};
 use super::records::{decode, encode};
-use super::submit::check_name;
+use super::validate::check_name;
 use crate::keys::Keyspace;
 use crate::kv::Transaction;
 use crate::limits::LIST_PAGE_MAX;
@@ -32,17 +32,8 @@ fn content(d: &JobDefinition) -> Vec<u8> {
 impl Scheduler {
     /// Registers a definition version in `ns`. Registering the same content again is a no-op
     /// (`created == false`); different content under an existing version is `AlreadyExists`.
+    /// Recorded in the audit log as done by `who` (when it stored a new version).
     pub async fn register_definition(
-        &self,
-        ns: &str,
-        def: JobDefinition,
-    ) -> Result<(JobDefinition, bool)> {
-        self.register_definition_by(ns, def, "internal").await
-    }
-
-    /// [`register_definition`](Self::register_definition), recorded in the audit log as done
-    /// by `who` (when it stored a new version).
-    pub async fn register_definition_by(
         &self,
         ns: &str,
         def: JobDefinition,

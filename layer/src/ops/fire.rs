@@ -13,36 +13,30 @@ use kairos_proto::storage::v1::{
 };
 
 use super::Scheduler;
-use super::claim::Claimed;
+use super::claim::{ClaimSlot, Claimed, Receipt, SlotFiller, load_receipt};
 use super::error::{Error, Result};
 use super::leases::check_epoch;
-use super::records::{decode, encode, load_execution, require_execution, watermark};
-use super::worker::{RELEASES_UNCOUNTED_MAX, attempt_deadline_ms, attempt_timeout_at_ms};
+use super::records::{decode, encode, load_execution, watermark};
+use super::worker::{attempt_deadline_ms, attempt_timeout_at_ms};
 use crate::ids::bucket_of;
 use crate::keys::{Space, TimerKey};
 use crate::kv::{KeyValue, Transaction};
+use crate::limits::RELEASES_UNCOUNTED_MAX;
 use crate::limits::{FIRE_BATCH_MAX, FIRE_BUCKETS_PER_CALL_MAX};
 use crate::state::{AttemptEvent, ExecutionEvent, execution_transition};
 
-/// A waiting worker's slot, reserved for an execution fired now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
-    /// The worker.
-    pub worker_id: String,
-    /// The lease its attempts get (the definition's when `None`).
-    pub lease_ms: Option<u64>,
-    /// The matcher's handle of the waiting worker (which connection to hand the work to).
-    pub slot: u64,
-}
+/// Waiting workers a fire may start executions for, per `(namespace, queue)`: a plain value
+/// the caller (a node's runtime) reserves before the transaction. A queue's slots are filled
+/// in order, as a claim's are; what a fire does not use the caller gives back.
+pub type Offer = BTreeMap<(String, String), Vec<ClaimSlot>>;
 
-/// Where `fire_due` finds workers waiting for the queues it makes work ready on (a node's
-/// dispatcher). Called inside the transaction: a try that does not commit gives its grants
-/// back with [`Matcher::cancel`].
-pub trait Matcher: Send + Sync {
-    /// Reserves up to `n` waiting worker slots of `(ns, queue)`.
-    fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant>;
-    /// Gives back grants of `(ns, queue)` that were not used.
-    fn cancel(&self, ns: &str, queue: &str, grants: Vec<Grant>);
+/// An execution a fire started for a slot of its offer (a *sync match*).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Match {
+    /// The claim, for the worker of the slot.
+    pub claim: Claimed,
+    /// The slot's index among its queue's slots in the offer.
+    pub slot: usize,
 }
 
 /// One timer processed by `fire_due`.
@@ -65,8 +59,6 @@ pub struct Fired {
     /// The execution's next timer, if processing set one (retry back-off, renewed lease, the
     /// lease check of a matched attempt).
     pub next_timer: Option<TimerKey>,
-    /// Matched to a waiting worker: the claim and the grant it used.
-    pub matched: Option<(Claimed, Grant)>,
     /// The attempt timed out because of `attempt_timeout_ms` (not a lost lease).
     pub timed_out: bool,
 }
@@ -78,9 +70,9 @@ pub struct FireOutcome {
     pub fired: Vec<Fired>,
     /// Timers quarantined as unprocessable.
     pub quarantined: usize,
-    /// Attempts this fire started for waiting workers whose grants were given back (a retry
-    /// after an unknown commit result): hand them to another waiting worker, or release them.
-    pub orphaned: Vec<Claimed>,
+    /// Executions started for the offer's slots (also after an unknown commit result: the
+    /// retry reads them back from the receipt).
+    pub matched: Vec<Match>,
     /// The shard's watermark afterwards.
     pub watermark: i64,
     /// More timers may be due than the limit allowed: call again.
@@ -96,79 +88,44 @@ enum Step {
     /// A lease check, processed in place.
     LeaseCheck(Execution, TimerKey),
     /// Unprocessable: put aside.
-    Quarantine { key: Vec<u8>, value: Vec<u8>, reason: String, ns: String, id: String },
+    Quarantine(Unprocessable),
 }
 
-/// Grants taken by the current try of a transaction, given back unless it commits.
-struct Reservations<'a> {
-    matcher: Option<&'a dyn Matcher>,
-    taken: std::sync::Mutex<Vec<(String, String, Vec<Grant>)>>,
-}
-
-impl Reservations<'_> {
-    fn reserve(&self, ns: &str, queue: &str, n: usize) -> Vec<Grant> {
-        let Some(m) = self.matcher else { return Vec::new() };
-        let g = m.reserve(ns, queue, n);
-        if !g.is_empty() {
-            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-            taken.push((ns.to_string(), queue.to_string(), g.clone()));
-        }
-        g
-    }
-    /// Gives back what the last try took (it did not commit).
-    fn roll_back(&self) {
-        let taken = std::mem::take(&mut *self.taken.lock().unwrap_or_else(|e| e.into_inner()));
-        if let Some(m) = self.matcher {
-            for (ns, queue, grants) in taken {
-                m.cancel(&ns, &queue, grants);
-            }
-        }
-    }
-    /// Gives back the grants of `(ns, queue)` this try reserved but did not use (the tail of
-    /// what it reserved: grants are used in order).
-    fn give_back(&self, ns: &str, queue: &str, unused: Vec<Grant>) {
-        if unused.is_empty() {
-            return;
-        }
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, _, g)) = taken.iter_mut().rev().find(|(n, q, _)| n == ns && q == queue) {
-            g.truncate(g.len().saturating_sub(unused.len()));
-        }
-        drop(taken);
-        if let Some(m) = self.matcher {
-            m.cancel(ns, queue, unused);
-        }
-    }
-    /// The try committed: what it took is used.
-    fn commit(&self) {
-        self.taken.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    }
+/// A timer that cannot be processed, and why.
+struct Unprocessable {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    reason: String,
+    ns: String,
+    id: String,
 }
 
 impl Scheduler {
     /// Processes up to `limit` timers of `shard` due at `now_ms`, fenced by `epoch`: a stale
-    /// owner gets `OwnershipLost` and changes nothing. Executions made ready on a queue with a
-    /// worker waiting in `matcher` start at once for that worker.
+    /// owner gets `OwnershipLost` and changes nothing. Executions made ready on a queue with
+    /// slots in `offer` start at once (RUNNING, no ready entry) for those slots, in order.
     pub async fn fire_due(
         &self,
         shard: u32,
         epoch: u64,
         now_ms: i64,
         limit: usize,
-        matcher: Option<&dyn Matcher>,
+        offer: &Offer,
     ) -> Result<FireOutcome> {
         let limit = limit.clamp(1, FIRE_BATCH_MAX);
-        let res = Reservations { matcher, taken: std::sync::Mutex::new(Vec::new()) };
-        let res = &res;
-        // A claim receipt for the matched attempts, chosen outside the retry loop: a retry
-        // after an unknown commit result hands out what the committed try matched.
+        // A receipt for the matched attempts, chosen outside the retry loop: a retry after an
+        // unknown commit result hands out what the committed try matched, to the same slots.
         let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64());
-        let r = self
-            .db
+        self.db
             .run(|tx| async move {
-                res.roll_back();
                 if let Some(v) = tx.get(receipt).await? {
-                    return self.fired_by_receipt(&tx, &v).await;
+                    let matched = load_receipt(&tx, self, &v).await?;
+                    let matched = matched.into_iter().map(|(claim, slot)| Match { claim, slot });
+                    return Ok(FireOutcome {
+                        matched: matched.collect(),
+                        more: true,
+                        ..FireOutcome::default()
+                    });
                 }
                 let (owner, wm) = futures_util::future::try_join(
                     check_epoch(&tx, self, Space::Executions, shard, epoch),
@@ -178,76 +135,93 @@ impl Scheduler {
                 let () = owner;
                 let (rows, mut out) = self.due_rows(&tx, shard, wm, now_ms, limit).await?;
                 let steps = self.steps(&tx, rows).await?;
-                let mut ready: BTreeMap<(String, String), Vec<(Execution, TimerKey)>> =
-                    BTreeMap::new();
-                for step in steps {
-                    match step {
-                        Step::Stale => {}
-                        Step::Ready(e, t) => ready
-                            .entry((e.namespace.clone(), e.queue.clone()))
-                            .or_default()
-                            .push((e, t)),
-                        Step::LeaseCheck(mut e, t) => {
-                            let before = e.status;
-                            let timed_out = self.check_lease(&tx, &mut e, now_ms, wm)?;
-                            e.updated_at_ms = now_ms;
-                            self.save_execution(&tx, Some(before), &e)?;
-                            out.fired.push(fired(&e, &t, None, timed_out));
-                        }
-                        Step::Quarantine { key, value, reason, ns, id } => {
-                            self.quarantine(&tx, shard, now_ms, key, value, reason, ns, id)?;
-                            out.quarantined += 1;
-                        }
-                    }
-                }
-                let mut taken = Vec::new();
+                let ready = self.fire_steps(&tx, shard, steps, now_ms, wm, &mut out)?;
+                let mut taken = Receipt::new();
                 for ((ns, queue), items) in ready {
-                    let grants = res.reserve(&ns, &queue, items.len());
-                    let mut grants = grants.into_iter();
-                    for (mut e, t) in items {
-                        let before = e.status;
-                        e.status = execution_transition(e.status(), fire_event(&t))? as i32;
-                        e.updated_at_ms = now_ms;
-                        match grants.next() {
-                            Some(g) => {
-                                // Straight to RUNNING: the status index moves from the stored
-                                // state, and no ready entry is written.
-                                self.start_attempt(
-                                    &tx,
-                                    &mut e,
-                                    before,
-                                    &g.worker_id,
-                                    g.lease_ms,
-                                    now_ms,
-                                    wm,
-                                )?;
-                                taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token));
-                                let claim = Claimed::of(e.clone());
-                                out.fired.push(fired(&e, &t, Some((claim, g)), false));
-                            }
-                            None => {
-                                self.enqueue_ready(&tx, &mut e, now_ms)?;
-                                self.save_execution(&tx, Some(before), &e)?;
-                                out.fired.push(fired(&e, &t, None, false));
-                            }
-                        }
-                    }
-                    res.give_back(&ns, &queue, grants.collect());
+                    let slots = offer.get(&(ns, queue)).map_or(&[][..], Vec::as_slice);
+                    self.fire_ready(&tx, items, slots, now_ms, wm, &mut out, &mut taken)?;
                 }
                 if !taken.is_empty() {
                     tx.set(receipt, &crate::tuple::pack(&taken))?;
                 }
                 if out.watermark != wm {
+                    assert!(out.watermark > wm, "a watermark only rises");
                     tx.set(&self.ks.watermark(shard), &out.watermark.to_be_bytes())?;
                 }
                 Ok(out)
             })
-            .await;
-        match &r {
-            Ok(_) => res.commit(),
-            Err(_) => res.roll_back(),
+            .await
+    }
+
+    /// Processes lease checks and quarantines in place; returns the timers that make their
+    /// executions ready, by queue.
+    fn fire_steps(
+        &self,
+        tx: &Transaction,
+        shard: u32,
+        steps: Vec<Step>,
+        now_ms: i64,
+        wm: i64,
+        out: &mut FireOutcome,
+    ) -> Result<BTreeMap<(String, String), Vec<(Execution, TimerKey)>>> {
+        let mut ready: BTreeMap<(String, String), Vec<(Execution, TimerKey)>> = BTreeMap::new();
+        for step in steps {
+            match step {
+                Step::Stale => {}
+                Step::Ready(e, t) => {
+                    ready.entry((e.namespace.clone(), e.queue.clone())).or_default().push((e, t))
+                }
+                Step::LeaseCheck(mut e, t) => {
+                    let before = e.status;
+                    let timed_out = self.on_lease_check(tx, &mut e, now_ms, wm)?;
+                    e.updated_at_ms = now_ms;
+                    self.save_execution(tx, Some(before), &e)?;
+                    out.fired.push(fired(&e, &t, timed_out));
+                }
+                Step::Quarantine(q) => {
+                    self.quarantine(tx, shard, now_ms, q)?;
+                    out.quarantined += 1;
+                }
+            }
         }
-        r
+        Ok(ready)
+    }
+
+    /// Makes a queue's due executions READY, or RUNNING for the slots offered, in order.
+    #[allow(clippy::too_many_arguments)]
+    fn fire_ready(
+        &self,
+        tx: &Transaction,
+        items: Vec<(Execution, TimerKey)>,
+        slots: &[ClaimSlot],
+        now_ms: i64,
+        wm: i64,
+        out: &mut FireOutcome,
+        taken: &mut Receipt,
+    ) -> Result<()> {
+        let mut filler = SlotFiller::new(slots);
+        for (mut e, t) in items {
+            let before = e.status;
+            e.status = execution_transition(e.status(), fire_event(&t))? as i32;
+            e.updated_at_ms = now_ms;
+            match filler.take() {
+                Some((i, slot)) => {
+                    // Straight to RUNNING: the status index moves from the stored state, and
+                    // no ready entry is written.
+                    self.start_attempt(tx, &mut e, before, slot, now_ms, wm)?;
+                    taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
+                    out.fired.push(fired(&e, &t, false));
+                    out.matched.push(Match { claim: Claimed::of(e), slot: i });
+                }
+                None => {
+                    self.enqueue_ready(tx, &mut e, now_ms)?;
+                    self.save_execution(tx, Some(before), &e)?;
+                    assert_eq!(e.status, ExecutionStatus::Ready as i32, "fired: READY");
+                    out.fired.push(fired(&e, &t, false));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The due timer rows of `shard` from its watermark's bucket on, at most `limit`; the
@@ -302,12 +276,14 @@ impl Scheduler {
     async fn steps(&self, tx: &Transaction, rows: Vec<KeyValue>) -> Result<Vec<Step>> {
         let loads = rows.into_iter().map(|kv| async move {
             tx.clear(&kv.key)?;
-            let quarantine = |reason: String, ns: String, id: String| Step::Quarantine {
-                key: kv.key.to_vec(),
-                value: kv.value.to_vec(),
-                reason,
-                ns,
-                id,
+            let quarantine = |reason: String, ns: String, id: String| {
+                Step::Quarantine(Unprocessable {
+                    key: kv.key.to_vec(),
+                    value: kv.value.to_vec(),
+                    reason,
+                    ns,
+                    id,
+                })
             };
             let timer = match self.ks.parse_timer(&kv.key) {
                 Ok(t) => t,
@@ -362,20 +338,22 @@ impl Scheduler {
     }
 
     /// Puts an unprocessable timer aside: recorded under the quarantine subspace with why.
-    #[allow(clippy::too_many_arguments)]
     fn quarantine(
         &self,
         tx: &Transaction,
         shard: u32,
         now_ms: i64,
-        key: Vec<u8>,
-        value: Vec<u8>,
-        reason: String,
-        namespace: String,
-        execution_id: String,
+        u: Unprocessable,
     ) -> Result<()> {
-        let qkey = self.ks.quarantine(Space::Executions, shard, now_ms, &key);
-        let rec = QuarantineRecord { key, value, reason, at_ms: now_ms, execution_id, namespace };
+        let qkey = self.ks.quarantine(Space::Executions, shard, now_ms, &u.key);
+        let rec = QuarantineRecord {
+            key: u.key,
+            value: u.value,
+            reason: u.reason,
+            at_ms: now_ms,
+            execution_id: u.id,
+            namespace: u.ns,
+        };
         tx.set(&qkey, &encode(&rec))?;
         Ok(())
     }
@@ -383,7 +361,7 @@ impl Scheduler {
     /// The lease check of a RUNNING execution: past its deadline the attempt TIMED_OUT (then
     /// the retry policy, or CANCELLED if asked); otherwise the timer moves to the renewed
     /// deadline. Returns whether the attempt's own timeout (not a lost lease) ended it.
-    fn check_lease(
+    fn on_lease_check(
         &self,
         tx: &Transaction,
         e: &mut Execution,
@@ -457,43 +435,22 @@ impl Scheduler {
                         e.updated_at_ms = now_ms;
                         self.enqueue_ready(&tx, &mut e, now_ms)?;
                         self.save_execution(&tx, Some(before), &e)?;
-                        Ok(Some(fired(&e, &t, None, false)))
+                        Ok(Some(fired(&e, &t, false)))
                     }
                     Step::LeaseCheck(mut e, t) => {
                         let before = e.status;
-                        let timed_out = self.check_lease(&tx, &mut e, now_ms, wm)?;
+                        let timed_out = self.on_lease_check(&tx, &mut e, now_ms, wm)?;
                         e.updated_at_ms = now_ms;
                         self.save_execution(&tx, Some(before), &e)?;
-                        Ok(Some(fired(&e, &t, None, timed_out)))
+                        Ok(Some(fired(&e, &t, timed_out)))
                     }
-                    Step::Quarantine { key, value, reason, ns, id } => {
-                        self.quarantine(&tx, shard, now_ms, key, value, reason, ns, id)?;
+                    Step::Quarantine(u) => {
+                        self.quarantine(&tx, shard, now_ms, u)?;
                         Ok(None)
                     }
                 }
             })
             .await
-    }
-
-    /// What a fire whose commit result was unknown, but which did commit, matched: the
-    /// grants of that try were given back when the retry began, so its claims are orphans for
-    /// the caller to hand to another waiting worker or release.
-    async fn fired_by_receipt(&self, tx: &Transaction, receipt: &[u8]) -> Result<FireOutcome> {
-        let taken: Vec<(String, String, u64)> = crate::tuple::unpack(receipt)
-            .map_err(|e| Error::Corrupt(format!("fire receipt: {e}")))?;
-        let loads = taken.iter().map(|(ns, id, _)| load_execution(tx, &self.ks, ns, id));
-        let found = futures_util::future::try_join_all(loads).await?;
-        let orphaned = taken
-            .iter()
-            .zip(found)
-            .filter_map(|((_, _, token), e)| {
-                e.filter(|e| {
-                    e.fencing_token == *token && e.status == ExecutionStatus::Running as i32
-                })
-            })
-            .map(Claimed::of)
-            .collect();
-        Ok(FireOutcome { orphaned, more: true, ..FireOutcome::default() })
     }
 
     /// The timers of `shard` with `after_ms < fire_at <= until_ms`, earliest first, at most
@@ -528,31 +485,13 @@ impl Scheduler {
             })
             .await
     }
-
-    /// Runs the lease check of one execution now (outside a shard owner's `fire_due`, e.g. for
-    /// an operator or a test). Returns the execution afterwards.
-    pub async fn lease_check(&self, ns: &str, id: &str, now_ms: i64) -> Result<Execution> {
-        self.db
-            .run(|tx| async move {
-                let mut e = require_execution(&tx, &self.ks, ns, id).await?;
-                let before = e.status;
-                let wm = watermark(&tx, &self.ks, e.shard).await?;
-                self.check_lease(&tx, &mut e, now_ms, wm)?;
-                self.save_execution(&tx, Some(before), &e)?;
-                Ok(e)
-            })
-            .await
-    }
 }
 
-/// The event a DUE or RETRY timer applies.
 /// Due timers one fire transaction looks at by default (a snapshot read) to share its batch between
 /// namespaces: a namespace with timers among the first `FAIR_SCAN_ROWS` due timers of a shard
 /// gets its weighted share of the batch, however many timers another namespace has ahead of
 /// it.
 pub const FAIR_SCAN_ROWS: usize = 4_096;
-/// The most `fair_scan_rows` may be.
-pub const FAIR_SCAN_ROWS_MAX: usize = 20_000;
 
 /// Takes `n` of `rows` (in key order: earliest due first), shared between their namespaces by
 /// weighted round robin (each round, every namespace with timers left gives up to its weight,
@@ -612,11 +551,12 @@ pub(crate) fn fair_pick(
     (picked, true)
 }
 
+/// The event a DUE or RETRY timer applies.
 fn fire_event(t: &TimerKey) -> ExecutionEvent {
     if t.kind == TimerKind::Due as i32 { ExecutionEvent::Fire } else { ExecutionEvent::RetryDue }
 }
 
-fn fired(e: &Execution, t: &TimerKey, matched: Option<(Claimed, Grant)>, timed_out: bool) -> Fired {
+fn fired(e: &Execution, t: &TimerKey, timed_out: bool) -> Fired {
     Fired {
         namespace: e.namespace.clone(),
         execution_id: e.id.clone(),
@@ -626,7 +566,6 @@ fn fired(e: &Execution, t: &TimerKey, matched: Option<(Claimed, Grant)>, timed_o
         status: e.status(),
         queue: e.queue.clone(),
         next_timer: super::timer_of(e),
-        matched,
         timed_out,
     }
 }

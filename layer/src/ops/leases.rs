@@ -11,12 +11,12 @@
 //! skew stays under `max_clock_skew_ms`, and a partition counts as free only once
 //! `expires_at + max_clock_skew_ms` has passed on the taker's clock (see docs/decisions/0004).
 
-use kairos_proto::storage::v1::{Node, PartitionExpiry, PartitionOwner};
+use kairos_proto::storage::v1::{NodeRecord, PartitionExpiry, PartitionOwner};
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::records::{decode, encode};
-use super::submit::check_name;
+use super::validate::check_name;
 use crate::keys::{Space, Tag};
 use crate::kv::Transaction;
 
@@ -310,10 +310,10 @@ impl Scheduler {
     }
 
     /// Records a node's heartbeat (its own clock's time).
-    pub async fn heartbeat_node(&self, node: Node) -> Result<Node> {
+    pub async fn heartbeat_node(&self, node: NodeRecord) -> Result<NodeRecord> {
         check_name("nodeId", &node.node_id)?;
         let now_ms = self.clock.now().as_millis();
-        let node = Node { heartbeat_at_ms: now_ms, ..node };
+        let node = NodeRecord { heartbeat_at_ms: now_ms, ..node };
         self.db
             .run(|tx| {
                 let node = node.clone();
@@ -342,53 +342,12 @@ impl Scheduler {
     }
 
     /// Every node on record.
-    pub async fn nodes(&self) -> Result<Vec<Node>> {
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
         self.db
             .run(|tx| async move {
                 let rows = tx.get_range(&self.ks.nodes(), true).await?;
                 rows.iter().map(|kv| decode("node", &kv.value)).collect::<Result<Vec<_>>>()
             })
             .await
-    }
-}
-
-/// Single-partition forms for execution shards (tests, operators).
-impl Scheduler {
-    fn one<T>(mut v: Vec<Result<T>>) -> Result<T> {
-        v.pop().unwrap_or_else(|| Err(Error::Corrupt("lease result missing".into())))
-    }
-
-    /// Takes one execution shard (see [`acquire_partitions`](Self::acquire_partitions); no
-    /// clock-skew margin).
-    pub async fn acquire_shard(
-        &self,
-        shard: u32,
-        node_id: &str,
-        duration_ms: i64,
-    ) -> Result<PartitionLease> {
-        let wanted = [(Space::Executions, shard)];
-        Self::one(self.acquire_partitions(&wanted, node_id, duration_ms, 0).await?)
-    }
-
-    /// Renews one execution shard's lease held at `epoch`.
-    pub async fn renew_shard(
-        &self,
-        shard: u32,
-        node_id: &str,
-        epoch: u64,
-        duration_ms: i64,
-    ) -> Result<PartitionLease> {
-        let held = [(Space::Executions, shard, epoch)];
-        Self::one(self.renew_partitions(&held, node_id, duration_ms).await?)
-    }
-
-    /// Releases one execution shard's lease held at `epoch`.
-    pub async fn release_shard(&self, shard: u32, node_id: &str, epoch: u64) -> Result<()> {
-        self.release_partitions(&[(Space::Executions, shard, epoch)], node_id).await
-    }
-
-    /// Every execution shard's lease on record.
-    pub async fn shard_leases(&self) -> Result<Vec<PartitionLease>> {
-        self.partition_leases(Space::Executions).await
     }
 }

@@ -9,10 +9,11 @@
 //! | `get`, `attempts`, `list` | [`query`] |
 //! | `get_by_idempotency_key`, `quarantined` | [`query`] |
 //! | `cancel` (pending or running), `replay` | [`control`] |
-//! | `fire_due` (with matching to waiting workers), `fire_timer`, `lease_check` | [`fire`] |
-//! | `claim`, `claim_many` | [`claim`] |
-//! | attempts: `heartbeat(_many)`, `report_many` (`complete`, `fail`, `release`) | [`worker`] |
-//! | back-off | [`retry`] |
+//! | `fire_due` (with an offer of waiting workers: sync match), `fire_timer`, `load_timers` | [`fire`] |
+//! | `claim` (for several waiting workers at once) | [`claim`] |
+//! | attempts: `heartbeat`, `report` (success, failure, release), many per transaction | [`worker`] |
+//! | back-off (attempts' retry policy; every retry loop's doubling pause) | [`retry`] |
+//! | checks of the values clients name | [`validate`] |
 //! | definitions | [`definitions`] |
 //! | API keys, the audit log | [`access`] |
 //! | leased partitions, nodes | [`leases`] |
@@ -33,6 +34,7 @@ pub mod records;
 pub mod retention;
 pub mod retry;
 pub mod submit;
+pub mod validate;
 pub mod worker;
 
 use kairos_proto::storage::v1::ClusterConfig;
@@ -176,7 +178,7 @@ impl Scheduler {
     /// The same scheduler looking at up to `rows` due timers per fire transaction to share its
     /// batch between namespaces (0: fire in time order only).
     pub fn with_fair_scan(mut self, rows: usize) -> Self {
-        self.fair_scan_rows = rows.min(fire::FAIR_SCAN_ROWS_MAX);
+        self.fair_scan_rows = rows.min(crate::limits::FAIR_SCAN_ROWS_MAX);
         self
     }
 

@@ -9,11 +9,12 @@ use kairos_proto::storage::v1::{
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
 use super::records::{decode, is_indexed, running_attempt, succeeded_attempt};
-use super::submit::{check_name, check_ref};
+use super::validate::{check_name, check_ref};
 use crate::keys::Tag;
 use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
 use crate::limits::LIST_PAGE_MAX;
+use crate::limits::LIST_SCAN_MAX;
 
 /// A list query. Filters combine; the time range is on `execute_at`.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -67,7 +68,7 @@ impl Scheduler {
     /// the reply, or the cron service checking an occurrence).
     pub async fn get_by_idempotency_key(&self, ns: &str, key: &str) -> Result<Execution> {
         check_name("namespace", ns)?;
-        super::submit::check_idempotency_key(key)?;
+        super::validate::check_idempotency_key(key)?;
         let found = self
             .db
             .run(|tx| async move {
@@ -256,7 +257,3 @@ impl Scheduler {
             })
     }
 }
-
-/// Most index entries one list page scans (a page with sparse matches comes back short, with
-/// a cursor), so a page is one short transaction whatever the filters.
-pub const LIST_SCAN_MAX: usize = 5_000;

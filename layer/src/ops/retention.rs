@@ -10,9 +10,7 @@ use super::Scheduler;
 use super::error::{Error, Result};
 use super::records::decode;
 use crate::kv::RangeOption;
-
-/// Most executions one sweep transaction deletes.
-pub const SWEEP_BATCH_MAX: usize = 500;
+use crate::limits::SWEEP_BATCH_MAX;
 
 /// What one sweep transaction did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,7 +46,7 @@ impl Scheduler {
     /// `ns` that finished before `before_ms`. A FAILED execution replayed meanwhile is not
     /// terminal any more and stays (the replay and the sweep conflict: one retries).
     pub async fn sweep_terminal(&self, ns: &str, before_ms: i64, max: usize) -> Result<Swept> {
-        super::submit::check_name("namespace", ns)?;
+        super::validate::check_name("namespace", ns)?;
         let max = max.clamp(1, SWEEP_BATCH_MAX);
         self.db
             .run(|tx| async move {

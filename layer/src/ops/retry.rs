@@ -1,15 +1,21 @@
-//! Retry back-off: capped exponential with **full jitter** —
-//! `delay = random(0, min(max_delay, base_delay * 2^(attempt-1)))`, randomness injected.
+//! Back-off, in one place: capped doubling ([`doubling_ms`]) — the pause of every retry loop of
+//! a node (a failing fire, load or claim, a restarted actor) — and, for attempts, capped
+//! exponential with **full jitter**: `delay = random(0, min(max_delay, base_delay *
+//! 2^(attempt-1)))`, randomness injected.
 
 use kairos_proto::storage::v1::RetryPolicy;
 
 use crate::env::Rng;
 
+/// `first_ms` doubled `doublings` times, at most `max_ms` (saturating, never overflowing).
+pub fn doubling_ms(first_ms: u64, doublings: u32, max_ms: u64) -> u64 {
+    let factor = 1u64.checked_shl(doublings.min(63)).unwrap_or(u64::MAX);
+    first_ms.saturating_mul(factor).min(max_ms)
+}
+
 /// The cap of the back-off before attempt `attempt + 1` (`attempt` ≥ 1 attempts failed).
 pub fn backoff_cap_ms(policy: &RetryPolicy, attempt: u32) -> u64 {
-    let exp = attempt.saturating_sub(1).min(63);
-    let factor = 1u64.checked_shl(exp).unwrap_or(u64::MAX);
-    policy.base_delay_ms.saturating_mul(factor).min(policy.max_delay_ms)
+    doubling_ms(policy.base_delay_ms, attempt.saturating_sub(1), policy.max_delay_ms)
 }
 
 /// A full-jitter delay before the next attempt, after `attempt` failed attempts.
@@ -23,6 +29,16 @@ mod tests {
 
     const POLICY: RetryPolicy =
         RetryPolicy { max_attempts: 10, base_delay_ms: 100, max_delay_ms: 5_000 };
+
+    #[test]
+    fn doubling_is_capped_and_never_overflows() {
+        assert_eq!(
+            (0..4).map(|n| doubling_ms(100, n, 500)).collect::<Vec<_>>(),
+            [100, 200, 400, 500]
+        );
+        assert_eq!(doubling_ms(100, 200, u64::MAX), u64::MAX);
+        assert_eq!(doubling_ms(0, 5, 10), 0);
+    }
 
     #[test]
     fn caps_grow_exponentially_then_saturate() {

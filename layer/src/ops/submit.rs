@@ -5,16 +5,16 @@ use kairos_proto::storage::v1::{
 };
 
 use super::error::{Error, Result, invalid};
-use crate::limits::{
-    EXECUTE_AT_FUTURE_MAX_MS, EXECUTE_AT_PAST_MAX_MS, IDEMPOTENCY_KEY_BYTES_MAX, INPUT_BYTES_MAX,
-};
+use crate::limits::{EXECUTE_AT_FUTURE_MAX_MS, EXECUTE_AT_PAST_MAX_MS, INPUT_BYTES_MAX};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::records::{decode, encode, load_execution};
+use super::validate::{check_batch, check_idempotency_key, check_name};
 use super::{Scheduler, definitions};
 use crate::ids::{fingerprint, new_execution_id, shard_of};
 use crate::kv::Transaction;
+use crate::limits::SUBMIT_BATCH_MAX;
 
 /// A request to run one execution of a definition version at `execute_at_ms` (or after
 /// `delay_ms` by the node's clock).
@@ -75,46 +75,6 @@ pub struct Submitted {
     pub created: bool,
 }
 
-/// Checks a namespace / queue / worker id style name.
-pub fn check_name(field: &str, value: &str) -> Result<()> {
-    let ok = !value.is_empty()
-        && value.len() <= crate::limits::NAME_BYTES_MAX
-        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:/@".contains(&b));
-    if !ok {
-        return Err(invalid(
-            field,
-            format!(
-                "must be 1-{} characters of letters, digits and -_.:/@, got {}",
-                crate::limits::NAME_BYTES_MAX,
-                super::error::shown(value)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks the namespace and execution id a request names (reads as writes: an id that
-/// cannot exist is refused naming the field, not looked up).
-pub fn check_ref(ns: &str, id: &str) -> Result<()> {
-    check_name("namespace", ns)?;
-    check_name("executionId", id)
-}
-
-/// Checks an idempotency key's length.
-pub fn check_idempotency_key(key: &str) -> Result<()> {
-    if key.is_empty() || key.len() > crate::limits::IDEMPOTENCY_KEY_BYTES_MAX {
-        return Err(invalid(
-            "idempotencyKey",
-            format!(
-                "must be 1-{} bytes, got {} bytes",
-                crate::limits::IDEMPOTENCY_KEY_BYTES_MAX,
-                key.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// A validated request with what is chosen once, outside the retry loop.
 struct Prepared {
     req: SubmitRequest,
@@ -122,9 +82,6 @@ struct Prepared {
     shard: u32,
     print: Vec<u8>,
 }
-
-/// Most requests one `submit_batch` call takes.
-pub const SUBMIT_BATCH_MAX: usize = 1_000;
 
 impl Scheduler {
     /// Checks a request's own fields and fixes its id (outside any transaction).
@@ -150,13 +107,8 @@ impl Scheduler {
         if req.definition_version == 0 {
             return Err(invalid("definitionVersion", "must be a positive integer"));
         }
-        if let Some(key) = &req.idempotency_key
-            && (key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX)
-        {
-            return Err(invalid(
-                "idempotencyKey",
-                format!("must be 1-{IDEMPOTENCY_KEY_BYTES_MAX} bytes, got {}", key.len()),
-            ));
+        if let Some(key) = &req.idempotency_key {
+            check_idempotency_key(key)?;
         }
         if req.execute_at_ms > now_ms.saturating_add(EXECUTE_AT_FUTURE_MAX_MS) {
             return Err(invalid("executeAt", "is more than 10 years in the future"));
@@ -187,25 +139,32 @@ impl Scheduler {
     /// Submits an execution. Idempotent: a retry of the same call (same idempotency key, or
     /// the same generated id inside the retry loop) returns the same execution.
     pub async fn submit(&self, req: SubmitRequest) -> Result<Submitted> {
-        let mut out = self.submit_batch(vec![req]).await?;
+        let mut out = self.submit_batch(vec![Ok(req)]).await?;
         out.pop().unwrap_or_else(|| Err(Error::Corrupt("submit result missing".into())))
     }
 
     /// Submits up to [`SUBMIT_BATCH_MAX`] executions in one transaction (one fsync for all on
-    /// the embedded backend), its reads issued concurrently. Each request gets its own result:
-    /// a request that fails validation, names an unknown definition or conflicts on its
-    /// idempotency key is reported and the others are still written. Duplicates of one
-    /// idempotency key inside the batch resolve to one execution.
-    pub async fn submit_batch(&self, reqs: Vec<SubmitRequest>) -> Result<Vec<Result<Submitted>>> {
-        if reqs.len() > SUBMIT_BATCH_MAX {
-            return Err(invalid(
-                "requests",
-                format!("at most {SUBMIT_BATCH_MAX} per batch, got {}", reqs.len()),
-            ));
-        }
+    /// the embedded backend), its reads issued concurrently. Each item gets its own result, in
+    /// order: an item the caller already refused (an `Err`: not authorized, over a quota)
+    /// passes through as its error, and a request that fails validation, names an unknown
+    /// definition or conflicts on its idempotency key is reported while the others are still
+    /// written — so a caller's results line up with its requests without splitting the batch.
+    /// Duplicates of one idempotency key inside the batch resolve to one execution.
+    pub async fn submit_batch(
+        &self,
+        items: Vec<Result<SubmitRequest>>,
+    ) -> Result<Vec<Result<Submitted>>> {
+        check_batch("requests", items.len(), SUBMIT_BATCH_MAX)?;
         let now_ms = self.clock.now().as_millis();
         let prepared: Vec<Result<Prepared>> =
-            reqs.into_iter().map(|r| self.prepare(r, now_ms)).collect();
+            items.into_iter().map(|r| r.and_then(|r| self.prepare(r, now_ms))).collect();
+        if prepared.iter().all(Result::is_err) {
+            // Nothing to write: no transaction.
+            return Ok(prepared
+                .into_iter()
+                .map(|p| p.map(|_| unreachable!("all failed")))
+                .collect());
+        }
         // The first request of each idempotency key is written; later ones with the same key
         // answer from it (same request: the same execution; another request: a conflict).
         let mut first_of_key: BTreeMap<(&str, &str), usize> = BTreeMap::new();

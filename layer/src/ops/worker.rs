@@ -13,14 +13,17 @@ use kairos_proto::storage::v1::{
 };
 
 use super::Scheduler;
+use super::claim::ClaimSlot;
 use super::error::{Error, Result, invalid};
 use super::records::{decode, load_execution, running_attempt, watermark};
 use super::retry::retry_delay_ms;
+use super::validate::{check_batch, check_name, check_ref};
 use crate::kv::Transaction;
 use crate::limits::{
     ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
     OUTPUT_REFERENCE_BYTES_MAX,
 };
+use crate::limits::{HEARTBEAT_BATCH_MAX, REPORT_BATCH_MAX};
 use crate::state::{AttemptEvent, ExecutionEvent, attempt_transition, execution_transition};
 
 /// How an attempt ended, as its worker reports it.
@@ -56,51 +59,10 @@ pub struct Report {
     pub worker_id: Option<String>,
 }
 
-/// A successful attempt's result (the single-item form of [`Report`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completion {
-    /// Namespace.
-    pub namespace: String,
-    /// The execution.
-    pub execution_id: String,
-    /// The attempt's fencing token.
-    pub token: u64,
-    /// Inline output (JSON, may be empty).
-    pub output_json: Vec<u8>,
-    /// Where a larger output lives (may be empty).
-    pub output_reference: String,
-}
-
-impl From<Completion> for Report {
-    fn from(c: Completion) -> Report {
-        Report {
-            namespace: c.namespace,
-            execution_id: c.execution_id,
-            token: c.token,
-            outcome: Outcome::Success {
-                output_json: c.output_json,
-                output_reference: c.output_reference,
-            },
-            worker_id: None,
-        }
-    }
-}
-
-/// Releases that do not count against the retry budget, per execution (after that a release
-/// counts): bounds the re-runs of a task that kills its worker before the worker reports.
-pub const RELEASES_UNCOUNTED_MAX: u32 = 10;
-
-/// Most results one `report_many` takes.
-pub const REPORT_BATCH_MAX: usize = 1_000;
-/// Most completions one `complete_many` takes.
-pub const COMPLETE_BATCH_MAX: usize = REPORT_BATCH_MAX;
-/// Most heartbeats one `heartbeat_many` takes.
-pub const HEARTBEAT_BATCH_MAX: usize = 1_000;
-
 fn check_report(r: &Report) -> Result<()> {
-    super::submit::check_ref(&r.namespace, &r.execution_id)?;
+    check_ref(&r.namespace, &r.execution_id)?;
     if let Some(w) = &r.worker_id {
-        super::submit::check_name("workerId", w)?;
+        check_name("workerId", w)?;
     }
     if let Outcome::Success { output_json, output_reference } = &r.outcome {
         if output_json.len() > OUTPUT_BYTES_MAX {
@@ -212,19 +174,6 @@ fn fence(e: &Execution, token: u64) -> Result<()> {
     Ok(())
 }
 
-/// Checks an attempt lease length.
-pub(crate) fn check_lease_ms(lease_ms: Option<u64>) -> Result<()> {
-    if let Some(l) = lease_ms
-        && !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&l)
-    {
-        return Err(invalid(
-            "leaseMs",
-            format!("must be between {LEASE_MS_MIN} and {LEASE_MS_MAX}"),
-        ));
-    }
-    Ok(())
-}
-
 impl Scheduler {
     /// Reads the watermarks of `shards` concurrently (each with a conflict).
     pub(crate) async fn watermarks(
@@ -242,24 +191,23 @@ impl Scheduler {
     /// timer (`wm` is the execution's shard watermark, read in this transaction). `stored` is
     /// the status the store holds, which the status index moves from: READY for a claim, the
     /// state before firing for a fire matched to a waiting worker (READY is then never stored).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start_attempt(
         &self,
         tx: &Transaction,
         e: &mut Execution,
         stored: i32,
-        worker_id: &str,
-        lease_ms: Option<u64>,
+        slot: &ClaimSlot,
         now_ms: i64,
         wm: i64,
     ) -> Result<()> {
+        let token = e.fencing_token;
         e.status = execution_transition(e.status(), ExecutionEvent::Claim)? as i32;
         e.attempt_count += 1;
         e.fencing_token += 1;
-        e.worker_id = worker_id.to_string();
+        e.worker_id = slot.worker_id.clone();
         e.started_at_ms = now_ms;
         e.updated_at_ms = now_ms;
-        let lease = lease_ms.unwrap_or(e.lease_ms).clamp(LEASE_MS_MIN, LEASE_MS_MAX);
+        let lease = slot.lease_ms.unwrap_or(e.lease_ms).clamp(LEASE_MS_MIN, LEASE_MS_MAX);
         e.lease_ms = lease;
         e.lease_expires_at_ms = now_ms.saturating_add(lease as i64);
         e.lease_expires_at_ms = attempt_deadline_ms(e);
@@ -267,6 +215,7 @@ impl Scheduler {
         self.set_timer_with(tx, e, TimerKind::LeaseCheck, deadline, wm)?;
         self.save_execution(tx, Some(stored), e)?;
         assert!(e.status == ExecutionStatus::Running as i32 && e.timer.is_some());
+        assert!(e.fencing_token > token, "fencing tokens only increase");
         Ok(())
     }
 
@@ -353,29 +302,16 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Extends the current attempt's lease. Fenced: a stale token changes nothing.
-    pub async fn heartbeat(&self, ns: &str, id: &str, token: u64) -> Result<HeartbeatOutcome> {
-        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token, worker_id: None };
-        self.heartbeat_many(vec![beat])
-            .await?
-            .pop()
-            .unwrap_or_else(|| Err(Error::Corrupt("heartbeat result missing".into())))
-    }
-
     /// Extends many attempts' leases in one transaction; each gets its own result.
-    pub async fn heartbeat_many(&self, beats: Vec<Beat>) -> Result<Vec<Result<HeartbeatOutcome>>> {
-        if beats.len() > HEARTBEAT_BATCH_MAX {
-            return Err(invalid("heartbeats", format!("at most {HEARTBEAT_BATCH_MAX} per call")));
-        }
+    pub async fn heartbeat(&self, beats: Vec<Beat>) -> Result<Vec<Result<HeartbeatOutcome>>> {
+        check_batch("heartbeats", beats.len(), HEARTBEAT_BATCH_MAX)?;
         let now_ms = self.clock.now().as_millis();
         let beats = &beats;
         self.db
             .run(|tx| async move {
                 // A beat naming what cannot exist fails alone, not its batch.
-                let checks: Vec<Result<()>> = beats
-                    .iter()
-                    .map(|b| super::submit::check_ref(&b.namespace, &b.execution_id))
-                    .collect();
+                let checks: Vec<Result<()>> =
+                    beats.iter().map(|b| check_ref(&b.namespace, &b.execution_id)).collect();
                 let tx = &tx;
                 let loads = beats.iter().zip(&checks).map(|(b, c)| async move {
                     match c {
@@ -427,78 +363,19 @@ impl Scheduler {
         })
     }
 
-    /// Completes the current attempt successfully. Fenced; idempotent for the same token.
-    pub async fn complete(
-        &self,
-        ns: &str,
-        id: &str,
-        token: u64,
-        output_json: Vec<u8>,
-        output_reference: String,
-    ) -> Result<Execution> {
-        let c = Completion {
-            namespace: ns.into(),
-            execution_id: id.into(),
-            token,
-            output_json,
-            output_reference,
-        };
-        self.report_one(c.into()).await
-    }
-
-    /// Completes many attempts in one transaction; each gets its own result.
-    pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<Execution>>> {
-        self.report_many(items.into_iter().map(Report::from).collect()).await
-    }
-
-    /// Fails the current attempt. Retryable errors lead to another attempt after a back-off
-    /// while attempts remain; otherwise the execution is FAILED (CANCELLED if a client asked
-    /// for cancellation). Fenced; idempotent.
-    pub async fn fail(
-        &self,
-        ns: &str,
-        id: &str,
-        token: u64,
-        error: ExecutionError,
-    ) -> Result<Execution> {
-        let r = Report {
-            namespace: ns.into(),
-            execution_id: id.into(),
-            token,
-            outcome: Outcome::Failure(error),
-            worker_id: None,
-        };
-        self.report_one(r).await
-    }
-
-    /// Gives the current attempt back unstarted: READY again at once, not counted against the
-    /// retry budget (CANCELLED if a client asked for cancellation). Fenced; idempotent.
-    pub async fn release(&self, ns: &str, id: &str, token: u64) -> Result<Execution> {
-        let r = Report {
-            namespace: ns.into(),
-            execution_id: id.into(),
-            token,
-            outcome: Outcome::Release,
-            worker_id: None,
-        };
-        self.report_one(r).await
-    }
-
-    async fn report_one(&self, r: Report) -> Result<Execution> {
-        self.report_many(vec![r])
-            .await?
-            .pop()
-            .unwrap_or_else(|| Err(Error::Corrupt("report result missing".into())))
-    }
-
     /// Applies many attempts' results in one transaction (reads issued concurrently, one
     /// commit for all); each gets its own result: a fenced-out one does not stop the others.
-    pub async fn report_many(&self, items: Vec<Report>) -> Result<Vec<Result<Execution>>> {
-        if items.len() > REPORT_BATCH_MAX {
-            return Err(invalid("results", format!("at most {REPORT_BATCH_MAX} per call")));
-        }
+    /// An item the caller refused already (an `Err`) passes through as its error.
+    pub async fn report(&self, items: Vec<Result<Report>>) -> Result<Vec<Result<Execution>>> {
+        check_batch("results", items.len(), REPORT_BATCH_MAX)?;
         let checked: Vec<Result<Report>> =
-            items.into_iter().map(|r| check_report(&r).map(|()| r)).collect();
+            items.into_iter().map(|r| r.and_then(|r| check_report(&r).map(|()| r))).collect();
+        if checked.iter().all(Result::is_err) {
+            return Ok(checked
+                .into_iter()
+                .map(|r| r.map(|_| unreachable!("all failed")))
+                .collect());
+        }
         let now_ms = self.clock.now().as_millis();
         let checked = &checked;
         self.db

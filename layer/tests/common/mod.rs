@@ -7,12 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kairos_layer::env::{ManualClock, Rng, SharedClock, Timestamp};
+use kairos_layer::keys::Space;
 use kairos_layer::keys::{Keyspace, Tag};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_layer::kv::{Database, KvDatabase, RunOptions};
+use kairos_layer::ops::claim::{ClaimSlot, Claimed};
+use kairos_layer::ops::leases::PartitionLease;
 use kairos_layer::ops::submit::SubmitRequest;
-use kairos_layer::ops::{ClusterParams, Scheduler};
-use kairos_proto::storage::v1::{Execution, ExecutionStatus, JobDefinition, TimerKind};
+use kairos_layer::ops::worker::{Beat, HeartbeatOutcome, Outcome, Report};
+use kairos_layer::ops::{ClusterParams, Error, Result, Scheduler};
+use kairos_proto::storage::v1::{
+    Execution, ExecutionError, ExecutionStatus, JobDefinition, TimerKind,
+};
 use prost::Message;
 
 pub const NS: &str = "default";
@@ -73,7 +79,7 @@ pub async fn world(seed: u64, faults: FaultConfig) -> World {
     let sched = Scheduler::open(db.clone(), ks.clone(), shared, Rng::seeded(seed ^ 0xabc), params)
         .await
         .expect("cluster opens");
-    sched.register_definition(NS, report_definition()).await.expect("definition registers");
+    sched.register_definition(NS, report_definition(), "test").await.expect("definition registers");
     let mut epochs = Vec::new();
     for shard in 0..SHARDS {
         epochs.push(sched.acquire_shard(shard, NODE, 3_600_000).await.expect("lease").epoch);
@@ -111,7 +117,13 @@ impl World {
             loop {
                 let out = self
                     .sched
-                    .fire_due(shard, self.epochs[shard as usize], self.now_ms(), 100, None)
+                    .fire_due(
+                        shard,
+                        self.epochs[shard as usize],
+                        self.now_ms(),
+                        100,
+                        &Default::default(),
+                    )
                     .await
                     .expect("fire_due");
                 n += out.fired.len();
@@ -240,5 +252,136 @@ impl World {
             };
             assert_eq!(statuses, want, "status index of {}", e.id);
         }
+    }
+}
+
+/// One-item forms of the scheduler's batched operations, as tests use them (the node only ever
+/// uses the batched ones).
+#[allow(async_fn_in_trait)]
+pub trait TestOps {
+    /// Claims up to `max` READY executions of `queue` for one worker.
+    async fn claim_for(
+        &self,
+        ns: &str,
+        queue: &str,
+        worker_id: &str,
+        max: usize,
+        lease_ms: Option<u64>,
+    ) -> Result<Vec<Claimed>>;
+    /// Applies one result.
+    async fn report_one(
+        &self,
+        ns: &str,
+        id: &str,
+        token: u64,
+        outcome: Outcome,
+    ) -> Result<Execution>;
+    /// Completes an attempt.
+    async fn complete(
+        &self,
+        ns: &str,
+        id: &str,
+        token: u64,
+        output_json: Vec<u8>,
+        output_reference: String,
+    ) -> Result<Execution> {
+        let outcome = Outcome::Success { output_json, output_reference };
+        self.report_one(ns, id, token, outcome).await
+    }
+    /// Fails an attempt.
+    async fn fail(
+        &self,
+        ns: &str,
+        id: &str,
+        token: u64,
+        error: ExecutionError,
+    ) -> Result<Execution> {
+        self.report_one(ns, id, token, Outcome::Failure(error)).await
+    }
+    /// Releases an attempt unstarted.
+    async fn release(&self, ns: &str, id: &str, token: u64) -> Result<Execution> {
+        self.report_one(ns, id, token, Outcome::Release).await
+    }
+    /// Extends one attempt's lease.
+    async fn heartbeat_one(&self, ns: &str, id: &str, token: u64) -> Result<HeartbeatOutcome>;
+    /// Takes one execution shard (no clock-skew margin).
+    async fn acquire_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        duration_ms: i64,
+    ) -> Result<PartitionLease>;
+    /// Renews one execution shard's lease held at `epoch`.
+    async fn renew_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        epoch: u64,
+        duration_ms: i64,
+    ) -> Result<PartitionLease>;
+    /// Releases one execution shard's lease held at `epoch`.
+    async fn release_shard(&self, shard: u32, node: &str, epoch: u64) -> Result<()>;
+}
+
+fn one<T>(mut v: Vec<Result<T>>) -> Result<T> {
+    v.pop().unwrap_or_else(|| Err(Error::Corrupt("result missing".into())))
+}
+
+impl TestOps for Scheduler {
+    async fn claim_for(
+        &self,
+        ns: &str,
+        queue: &str,
+        worker_id: &str,
+        max: usize,
+        lease_ms: Option<u64>,
+    ) -> Result<Vec<Claimed>> {
+        let slots = [ClaimSlot { worker_id: worker_id.to_string(), max, lease_ms }];
+        Ok(self.claim(ns, queue, &slots).await?.per_slot.pop().unwrap_or_default())
+    }
+
+    async fn report_one(
+        &self,
+        ns: &str,
+        id: &str,
+        token: u64,
+        outcome: Outcome,
+    ) -> Result<Execution> {
+        let r = Report {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            outcome,
+            worker_id: None,
+        };
+        one(self.report(vec![Ok(r)]).await?)
+    }
+
+    async fn heartbeat_one(&self, ns: &str, id: &str, token: u64) -> Result<HeartbeatOutcome> {
+        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token, worker_id: None };
+        one(self.heartbeat(vec![beat]).await?)
+    }
+
+    async fn acquire_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        duration_ms: i64,
+    ) -> Result<PartitionLease> {
+        one(self.acquire_partitions(&[(Space::Executions, shard)], node, duration_ms, 0).await?)
+    }
+
+    async fn renew_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        epoch: u64,
+        duration_ms: i64,
+    ) -> Result<PartitionLease> {
+        one(self.renew_partitions(&[(Space::Executions, shard, epoch)], node, duration_ms).await?)
+    }
+
+    async fn release_shard(&self, shard: u32, node: &str, epoch: u64) -> Result<()> {
+        self.release_partitions(&[(Space::Executions, shard, epoch)], node).await
     }
 }

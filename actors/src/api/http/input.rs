@@ -14,7 +14,7 @@ pub fn namespace(headers: &HeaderMap) -> Result<String, ops::Error> {
         None => return Ok("default".into()),
         Some(v) => v.to_str().map_err(|_| invalid("namespace", "must be printable ASCII"))?,
     };
-    ops::submit::check_name("namespace", ns)?;
+    ops::validate::check_name("namespace", ns)?;
     Ok(ns.to_string())
 }
 

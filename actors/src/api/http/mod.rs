@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 
+use crate::limits::HTTP_BODY_BYTES_MAX;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -34,9 +35,6 @@ use crate::server::tls::{HttpListener, ServerTls};
 mod admin;
 mod cron;
 mod input;
-
-/// Largest request body accepted.
-pub const BODY_BYTES_MAX: usize = 256 * 1024;
 
 fn error_response(e: &ops::Error) -> Response {
     let (status, body) = errors::http(e);
@@ -264,7 +262,7 @@ async fn register_definition(
         let caller = authorized(&node, &headers, Scope::Definitions).await?;
         node.check_definition_size(&caller.0, body.len())?;
         let def = super::parse_definition(body.to_vec()).await?;
-        node.scheduler().register_definition_by(&caller.0, def, &caller.1.who).await
+        node.scheduler().register_definition(&caller.0, def, &caller.1.who).await
     }
     .await;
     match r {
@@ -368,7 +366,7 @@ async fn json_errors(resp: Response) -> Response {
     let text = String::from_utf8_lossy(&text).trim().to_string();
     let (code, field) = match status {
         StatusCode::PAYLOAD_TOO_LARGE => {
-            (tonic::Code::InvalidArgument, Some(format!("body over {BODY_BYTES_MAX} bytes")))
+            (tonic::Code::InvalidArgument, Some(format!("body over {HTTP_BODY_BYTES_MAX} bytes")))
         }
         _ => (tonic::Code::InvalidArgument, None),
     };
@@ -397,7 +395,7 @@ pub fn router(node: Node) -> Router {
         .route("/healthz", get(healthz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(DefaultBodyLimit::max(HTTP_BODY_BYTES_MAX))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(node)
 }

@@ -1,13 +1,22 @@
-//! The pure core of a shard owner: its in-memory window of upcoming DUE timers, and when to
+//! The pure core of a shard owner: its in-memory window of the shard's upcoming timers — of
+//! every kind (DUE, RETRY, LEASE_CHECK) whose execution no execution timer follows — and when to
 //! fire, load and wake. No I/O: the actor performs what this decides.
 
 use std::collections::BTreeSet;
 
+use kairos_layer::ops::retry::doubling_ms;
+
+use crate::limits::RETRY_PAUSE_MAX_MS;
+
 /// What the owner should do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OwnerAction {
-    /// Run `fire_due` for the shard at `now`.
-    Fire,
+    /// Run `fire_due` for the shard at `now`, expecting to fire up to `expected` timers (the
+    /// window's due ones; unbounded when the poll interval passed: timers written elsewhere).
+    Fire {
+        /// How many timers this fire may find.
+        expected: usize,
+    },
     /// Load timers with `after < fire_at <= until` into the window.
     Load {
         /// Exclusive lower bound.
@@ -19,7 +28,7 @@ pub enum OwnerAction {
     WakeAt(i64),
 }
 
-/// Upcoming DUE timers of one shard, loaded up to `loaded_until`.
+/// Upcoming timers of one shard, loaded up to `loaded_until`.
 #[derive(Debug, Clone)]
 pub struct Window {
     due: BTreeSet<(i64, String)>,
@@ -31,21 +40,19 @@ pub struct Window {
     firing: bool,
     loading: bool,
     /// Failed fires (loads) in a row, and the earliest time to try again: a failing store is
-    /// retried with a doubling pause (the poll interval up to [`RETRY_MAX_MS`]), not spun on.
+    /// retried with a doubling pause (the poll interval up to [`RETRY_PAUSE_MAX_MS`]), not spun on.
     fire_failures: u32,
     fire_not_before: i64,
     load_failures: u32,
     load_not_before: i64,
 }
 
-/// Longest pause between retries of a failing fire or load.
-pub const RETRY_MAX_MS: i64 = 10_000;
-
 /// The pause after `failures` failures in a row: the poll interval, doubling, at most
-/// [`RETRY_MAX_MS`] (and never less than 100 ms).
+/// [`RETRY_PAUSE_MAX_MS`] (and never less than 100 ms).
 fn retry_pause(poll_ms: i64, failures: u32) -> i64 {
-    let base = poll_ms.clamp(100, RETRY_MAX_MS);
-    base.saturating_mul(1i64 << failures.saturating_sub(1).min(16)).min(RETRY_MAX_MS)
+    let max = RETRY_PAUSE_MAX_MS as u64;
+    let first = (poll_ms.max(0) as u64).clamp(100, max);
+    doubling_ms(first, failures.saturating_sub(1), max) as i64
 }
 
 impl Window {
@@ -138,7 +145,7 @@ impl Window {
     }
 
     /// A fire failed: allow another after a pause (the poll interval, doubling while fires
-    /// keep failing, up to [`RETRY_MAX_MS`]), even if timers are due.
+    /// keep failing, up to [`RETRY_PAUSE_MAX_MS`]), even if timers are due.
     pub fn fire_failed(&mut self, now: i64) {
         self.firing = false;
         self.last_fire = now;
@@ -154,7 +161,12 @@ impl Window {
         let fire_allowed = now >= self.fire_not_before;
         if !self.firing && fire_allowed && (head_due || poll_due) {
             self.firing = true;
-            out.push(OwnerAction::Fire);
+            let expected = if poll_due {
+                usize::MAX
+            } else {
+                self.due.range(..(now + 1, String::new())).count()
+            };
+            out.push(OwnerAction::Fire { expected });
         }
         let load_allowed = now >= self.load_not_before;
         if !self.loading
@@ -193,7 +205,7 @@ mod tests {
     fn starts_by_firing_and_loading_the_window() {
         let mut w = w();
         let a = w.decide(1_000);
-        assert_eq!(a[0], OwnerAction::Fire);
+        assert_eq!(a[0], OwnerAction::Fire { expected: usize::MAX }, "a first fire polls");
         assert_eq!(a[1], OwnerAction::Load { after: 1_000, until: 31_000 });
         // While both run, only a wake-up is planned.
         assert!(matches!(w.decide(1_001)[..], [OwnerAction::WakeAt(_)]));
@@ -208,7 +220,7 @@ mod tests {
         assert_eq!(w.decide(1_001), vec![OwnerAction::WakeAt(1_500)]);
         assert_eq!(
             w.decide(1_500),
-            vec![OwnerAction::Fire, OwnerAction::WakeAt(2_000)],
+            vec![OwnerAction::Fire { expected: 1 }, OwnerAction::WakeAt(2_000)],
             "next poll"
         );
         w.fired(1_500, false);
@@ -243,11 +255,11 @@ mod tests {
         w.loaded(vec![(900, "late".into())], 31_000, false);
         w.fired(1_000, true);
         assert_eq!(w.head(), Some(900), "kept while more is due");
-        assert_eq!(w.decide(1_000)[0], OwnerAction::Fire);
+        assert_eq!(w.decide(1_000)[0], OwnerAction::Fire { expected: 1 });
         w.fired(1_000, false);
         assert!(w.is_empty());
         assert_eq!(w.decide(1_500), vec![OwnerAction::WakeAt(2_000)], "next poll");
-        assert_eq!(w.decide(2_000)[0], OwnerAction::Fire, "poll fallback");
+        assert_eq!(w.decide(2_000)[0], OwnerAction::Fire { expected: usize::MAX }, "poll fallback");
     }
 
     #[test]
@@ -256,18 +268,22 @@ mod tests {
         w.decide(1_000);
         w.fired(1_000, false);
         w.loaded(vec![(1_200, "a".into())], 31_000, false);
-        assert_eq!(w.decide(1_200)[0], OwnerAction::Fire);
+        assert_eq!(w.decide(1_200)[0], OwnerAction::Fire { expected: 1 });
         w.fire_failed(1_200);
         // The head is still due, but the next fire waits for the pause.
         let a = w.decide(1_201);
         assert_eq!(a, vec![OwnerAction::WakeAt(2_200)], "{a:?}");
-        assert_eq!(w.decide(2_200)[0], OwnerAction::Fire);
+        assert_eq!(w.decide(2_200)[0], OwnerAction::Fire { expected: usize::MAX });
         w.fire_failed(2_200);
         assert_eq!(w.decide(2_201), vec![OwnerAction::WakeAt(4_200)], "doubled");
         for _ in 0..10 {
             w.fire_failed(4_200);
         }
-        assert_eq!(w.decide(4_201), vec![OwnerAction::WakeAt(4_200 + RETRY_MAX_MS)], "capped");
+        assert_eq!(
+            w.decide(4_201),
+            vec![OwnerAction::WakeAt(4_200 + RETRY_PAUSE_MAX_MS)],
+            "capped"
+        );
         w.fired(20_000, false);
         assert_eq!(w.failures().0, 0, "a success resets the pause");
 

@@ -10,9 +10,10 @@ use redb::{ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
 use super::engine::{Engine, classify, needs_reopen};
-use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
+use super::{DATA, EmbeddedStats, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
+use crate::kv::limits::GROUP_COMMIT_TRANSACTIONS_MAX;
 use crate::kv::local::mutation::{
     ApplyTarget, Change, Mutation, apply_batch, stamped_write_ranges,
 };

@@ -69,9 +69,6 @@ impl Default for EmbeddedOptions {
     }
 }
 
-/// Most transactions written by one engine commit (one fsync).
-pub const GROUP_COMMIT_TRANSACTIONS_MAX: usize = 8_192;
-
 /// Counters of the group committer.
 #[derive(Debug, Default)]
 pub struct EmbeddedStats {

@@ -215,7 +215,7 @@ impl Scheduler {
         if spec.remaining_runs == Some(0) {
             return Err(invalid("remainingRuns", "must be positive (absent = unlimited)"));
         }
-        super::submit::check_name("namespace", &spec.namespace)?;
+        super::validate::check_name("namespace", &spec.namespace)?;
         let print = spec_fingerprint(&spec);
         let spec = &spec;
         let print = &print;

@@ -49,9 +49,9 @@ pub enum ExecutionsError {
     Permanent(String),
 }
 
-/// What a submit made.
+/// What the executions API made of one materialization.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Submitted {
+pub struct Materialized {
     /// The execution.
     pub execution_id: String,
     /// False when the key had it already.
@@ -64,7 +64,7 @@ pub trait Executions: Send + Sync {
     fn submit(
         &self,
         batch: Vec<Materialization>,
-    ) -> impl Future<Output = Result<Vec<Result<Submitted, ExecutionsError>>, ExecutionsError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Result<Materialized, ExecutionsError>>, ExecutionsError>> + Send;
     /// An execution's status (`None`: no such execution).
     fn status(
         &self,
@@ -327,25 +327,27 @@ impl Executions for DirectExecutions {
     async fn submit(
         &self,
         batch: Vec<Materialization>,
-    ) -> Result<Vec<Result<Submitted, ExecutionsError>>, ExecutionsError> {
+    ) -> Result<Vec<Result<Materialized, ExecutionsError>>, ExecutionsError> {
         let reqs = batch
             .into_iter()
-            .map(|m| crate::ops::submit::SubmitRequest {
-                namespace: m.namespace,
-                definition: m.definition,
-                definition_version: m.definition_version,
-                inputs: m.inputs,
-                execute_at_ms: m.execute_at_ms.unwrap_or(0),
-                delay_ms: m.execute_at_ms.is_none().then_some(0),
-                idempotency_key: Some(m.idempotency_key),
-                traceparent: None,
+            .map(|m| {
+                Ok(crate::ops::submit::SubmitRequest {
+                    namespace: m.namespace,
+                    definition: m.definition,
+                    definition_version: m.definition_version,
+                    inputs: m.inputs,
+                    execute_at_ms: m.execute_at_ms.unwrap_or(0),
+                    delay_ms: m.execute_at_ms.is_none().then_some(0),
+                    idempotency_key: Some(m.idempotency_key),
+                    traceparent: None,
+                })
             })
             .collect();
         let out = self.0.submit_batch(reqs).await.map_err(classify)?;
         Ok(out
             .into_iter()
             .map(|r| {
-                r.map(|s| Submitted { execution_id: s.execution.id, created: s.created })
+                r.map(|s| Materialized { execution_id: s.execution.id, created: s.created })
                     .map_err(classify)
             })
             .collect())
@@ -368,7 +370,7 @@ impl Executions for DirectExecutions {
     }
 
     async fn cancel(&self, ns: &str, id: &str) -> Result<(), ExecutionsError> {
-        match self.0.cancel(ns, id).await {
+        match self.0.cancel(ns, id, "cron").await {
             Ok(_) | Err(crate::ops::Error::FailedPrecondition(_)) => Ok(()),
             Err(crate::ops::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(classify(e)),

@@ -122,7 +122,7 @@ pub fn next_occurrence(job: &CronJob, schedule: &Schedule, after_ms: i64) -> Opt
 /// bounds, notes, and the inputs of a sample occurrence (placeholders replaced) against the
 /// definition's declared inputs.
 pub fn check_job(job: &CronJob, def: &JobDefinition, now_ms: i64) -> Result<(Schedule, Policies)> {
-    crate::ops::submit::check_name("namespace", &job.namespace)?;
+    crate::ops::validate::check_name("namespace", &job.namespace)?;
     check_id(&job.id)?;
     let schedule = schedule_of(job)?;
     let policies = policies_of(job.policies.as_ref())?;

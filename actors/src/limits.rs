@@ -1,0 +1,24 @@
+//! Bounds of the node — queues, caches, batches in flight, request sizes, pauses — named in
+//! one place (unit and qualifier last). The layer's bounds are in `kairos_layer::limits`, the
+//! store's in `kairos_layer::kv::limits`.
+
+// The runtime.
+/// Most executions one queue's dispatch buffer holds.
+pub const DISPATCH_BUFFER_MAX: usize = 512;
+/// Result (and heartbeat) transactions the batcher runs at once.
+pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
+/// Cron rounds one cron shard owner runs at once.
+pub const CRON_ROUNDS_IN_FLIGHT_MAX: usize = 16;
+
+// The API.
+/// API keys the node caches at most (then the cache starts over).
+pub const AUTH_CACHE_KEYS_MAX: usize = 10_000;
+/// Definition versions the gRPC API caches at most (versions are immutable, so the cache is never stale).
+pub const DEFINITION_CACHE_MAX: usize = 1_024;
+/// Largest HTTP request body accepted.
+pub const HTTP_BODY_BYTES_MAX: usize = 256 * 1024;
+/// Longest error message sent (whatever a client sent, its error stays small enough for any
+/// client's metadata limits).
+pub const ERROR_MESSAGE_BYTES_MAX: usize = 512;
+/// Longest pause between retries of a failing fire or load of a shard owner.
+pub const RETRY_PAUSE_MAX_MS: i64 = 10_000;

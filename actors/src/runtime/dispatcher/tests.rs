@@ -1,0 +1,229 @@
+//! The dispatcher's decisions, asserted on the actions its core returns (no runtime, no store).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kairos_layer::ops::Error;
+use kairos_layer::ops::claim::{ClaimOutcome, Claimed};
+use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
+
+use super::core::{Action, Core, Event, POLL_LINGER, Timer, Waiting, claim_retry_pause};
+use crate::runtime::matchmaker::Matchmaker;
+use crate::runtime::messages::{Grant, QueueKey};
+
+const NOW: i64 = 1_000_000;
+
+fn q() -> QueueKey {
+    ("ns".into(), "q".into())
+}
+
+fn waiting(id: u64, credits: usize) -> Waiting {
+    Waiting { id, queue: q(), worker_id: format!("w{id}"), lease_ms: None, credits }
+}
+
+/// A claimed execution of `q()` with `left_ms` of its 30 s lease left at [`NOW`].
+fn claimed(id: &str, left_ms: i64) -> Claimed {
+    let execution = Execution {
+        id: id.into(),
+        namespace: "ns".into(),
+        queue: "q".into(),
+        status: ExecutionStatus::Running as i32,
+        lease_ms: 30_000,
+        lease_expires_at_ms: NOW + left_ms,
+        ..Execution::default()
+    };
+    Claimed { execution, attempt: Attempt::default() }
+}
+
+struct Harness {
+    core: Core,
+    ledger: Matchmaker,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Harness { core: Core::new(30_000), ledger: Matchmaker::default() }
+    }
+
+    fn apply(&mut self, e: Event) -> Vec<Action> {
+        self.core.apply(&self.ledger, NOW, e)
+    }
+
+    fn poll(&mut self, credits: usize) -> (u64, Vec<Action>) {
+        let id = self.core.new_id();
+        (id, self.apply(Event::Poll(waiting(id, credits), 5_000)))
+    }
+
+    fn open(&mut self, credits: usize) -> (u64, Vec<Action>) {
+        let id = self.core.new_id();
+        (id, self.apply(Event::Open(waiting(id, credits))))
+    }
+}
+
+fn claims(actions: &[Action]) -> Vec<(Vec<Grant>, Vec<usize>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Claim(_, g, s) => Some((g.clone(), s.iter().map(|s| s.max).collect())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn answers(actions: &[Action]) -> Vec<(u64, Vec<String>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Answer(id, c) => {
+                Some((*id, c.iter().map(|c| c.execution.id.clone()).collect()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn outcome(per_slot: Vec<Vec<Claimed>>, more: bool) -> Result<ClaimOutcome, Error> {
+    Ok(ClaimOutcome { per_slot, more })
+}
+
+#[test]
+fn a_first_poll_claims_at_once_and_plans_its_expiry() {
+    let mut h = Harness::new();
+    let (id, a) = h.poll(3);
+    assert!(a.iter().any(|a| matches!(a, Action::Later(d, Timer::Expire(i))
+        if *i == id && *d == Duration::from_millis(5_000))));
+    let c = claims(&a);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].1, vec![3], "one claim slot with the poll's credits");
+    // A second poll while the claim runs: no second claim for the queue.
+    let (_, a) = h.poll(1);
+    assert!(claims(&a).is_empty(), "{a:?}");
+}
+
+#[test]
+fn a_claim_fills_the_poll_which_lingers_then_answers() {
+    let mut h = Harness::new();
+    let (id, a) = h.poll(2);
+    let (grants, _) = claims(&a).remove(0);
+    let a = h.apply(Event::Claimed(q(), grants, outcome(vec![vec![claimed("e1", 30_000)]], false)));
+    assert!(
+        a.iter().any(|a| matches!(a, Action::Later(d, Timer::Flush(i))
+        if *i == id && *d == POLL_LINGER)),
+        "{a:?}"
+    );
+    assert!(answers(&a).is_empty(), "one of two: it lingers");
+    assert!(a.iter().any(|a| matches!(a, Action::Watch(_))), "ran dry: watch the queue");
+    let a = h.apply(Event::Flush(id));
+    assert_eq!(answers(&a), vec![(id, vec!["e1".to_string()])]);
+    assert_eq!(h.ledger.available(&q()), 0, "an answered poll leaves the ledger");
+}
+
+#[test]
+fn a_full_poll_answers_at_once() {
+    let mut h = Harness::new();
+    let (id, a) = h.poll(1);
+    let (grants, _) = claims(&a).remove(0);
+    let a = h.apply(Event::Claimed(q(), grants, outcome(vec![vec![claimed("e1", 30_000)]], true)));
+    assert_eq!(answers(&a), vec![(id, vec!["e1".to_string()])]);
+}
+
+#[test]
+fn an_expired_poll_answers_empty_and_a_drained_dispatcher_takes_no_polls() {
+    let mut h = Harness::new();
+    let (id, _) = h.poll(1);
+    assert_eq!(answers(&h.apply(Event::Expire(id))), vec![(id, vec![])]);
+    let (_, a) = h.poll(1);
+    let a2 = h.apply(Event::Drain);
+    assert_eq!(answers(&a2).len(), 1, "draining answers the waiting poll");
+    assert!(claims(&a).len() <= 1);
+    let (id, a) = h.poll(1);
+    assert_eq!(answers(&a), vec![(id, vec![])], "no work while draining");
+    let (sid, a) = h.open(2);
+    assert!(a.iter().any(|a| matches!(a, Action::EndStream(i) if *i == sid)));
+}
+
+#[test]
+fn a_stream_queue_is_served_through_a_buffer_claimed_ahead_unassigned() {
+    let mut h = Harness::new();
+    let (sid, a) = h.open(4);
+    let refill: Vec<_> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Refill(_, slots) => Some(slots.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refill.len(), 1, "{a:?}");
+    assert_eq!(refill[0][0].worker_id, "", "unassigned");
+    assert_eq!(refill[0].iter().map(|s| s.max).sum::<usize>(), 4, "up to the stream's slots");
+    let got = vec![vec![claimed("e1", 30_000), claimed("e2", 30_000)]];
+    let a = h.apply(Event::Buffered(q(), outcome(got, false)));
+    let sent: Vec<_> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send(id, c) => Some((*id, c.len())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, vec![(sid, 2)], "the stream's credits take the buffer at once");
+}
+
+#[test]
+fn orphans_go_to_another_waiting_worker_or_are_released_when_stale() {
+    let mut h = Harness::new();
+    let (id, a) = h.poll(1);
+    let (grants, _) = claims(&a).remove(0);
+    // The claim found nothing; the poll still waits.
+    h.apply(Event::Claimed(q(), grants, outcome(vec![vec![]], false)));
+    let a = h.apply(Event::Orphans(vec![claimed("fresh", 30_000)]));
+    assert_eq!(answers(&a), vec![(id, vec!["fresh".to_string()])]);
+    let a = h.apply(Event::Orphans(vec![claimed("stale", 1_000)]));
+    assert!(
+        a.iter().any(|a| matches!(a, Action::Release(c) if c[0].execution.id == "stale")),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn what_a_gone_stream_could_not_take_is_rerouted_and_the_stream_forgotten() {
+    let mut h = Harness::new();
+    let (dead, _) = h.open(1);
+    let a = h.apply(Event::Undelivered(dead, vec![claimed("e1", 30_000)]));
+    assert!(a.iter().any(|a| matches!(a, Action::EndStream(i) if *i == dead)));
+    assert_eq!(h.ledger.credits(&q(), dead), 0, "out of the ledger");
+    assert!(a.iter().any(|a| matches!(a, Action::Release(_))), "no other worker: released, {a:?}");
+}
+
+#[test]
+fn a_failed_claim_gives_its_grants_back_and_retries_with_a_doubling_pause() {
+    let mut h = Harness::new();
+    let (_, a) = h.poll(2);
+    let (grants, _) = claims(&a).remove(0);
+    assert_eq!(h.ledger.available(&q()), 0);
+    let err = || Err(Error::FailedPrecondition("store down".into()));
+    let a = h.apply(Event::Claimed(q(), grants.clone(), err()));
+    assert_eq!(h.ledger.available(&q()), 2, "grants given back");
+    assert!(a.iter().any(|a| matches!(a, Action::ClaimFailed(_, 1, _))));
+    assert!(a.iter().any(|a| matches!(a, Action::Later(d, Timer::Retry(_))
+        if *d == claim_retry_pause(1))));
+    let a = h.apply(Event::Ready(q()));
+    let (grants, _) = claims(&a).remove(0);
+    let a = h.apply(Event::Claimed(q(), grants, err()));
+    assert!(a.iter().any(|a| matches!(a, Action::Later(d, Timer::Retry(_))
+        if *d == Duration::from_millis(200))));
+}
+
+#[test]
+fn fire_matches_are_marked_used_and_delivered_to_their_workers() {
+    let mut h = Harness::new();
+    let (id, _) = h.poll(2);
+    // A fire reserved one of the poll's credits and started e1 for it.
+    let offer = h.ledger.offer(1);
+    let grant = offer[&q()].grants[0].clone();
+    assert_eq!(h.ledger.pending(&q(), id), 1);
+    let a = h.apply(Event::Matched(vec![(claimed("e1", 30_000), grant.slot)]));
+    assert_eq!(h.ledger.pending(&q(), id), 0, "used");
+    assert!(a.iter().any(|a| matches!(a, Action::Later(_, Timer::Flush(i)) if *i == id)));
+    let per_queue: BTreeMap<_, _> = [(q(), 1)].into();
+    assert_eq!(per_queue.len(), 1);
+}

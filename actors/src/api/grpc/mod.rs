@@ -1,5 +1,6 @@
 //! The `kairos.v1` gRPC services over a [`Node`], one file per service: [`executions`],
-//! [`workers`] (with the `Work` stream in [`work`]), [`definitions`], [`admin`], [`cron`].
+//! [`workers`] (with the `Work` stream in [`work`], results in [`results`]), [`definitions`],
+//! [`admin`], [`cron`].
 //! Here: what they share — the caller's principal, a cache of definition versions, claimed
 //! executions as tasks — and serving them. Every accepted connection gets `TCP_NODELAY`:
 //! without it each reply's last frame waits for the client's delayed ACK (~40 ms per call).
@@ -8,21 +9,23 @@ pub mod admin;
 pub mod cron;
 pub mod definitions;
 pub mod executions;
+pub mod results;
 pub mod work;
 pub mod workers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use kairos_layer::ops::{self, claim::Claimed};
 use kairos_proto::storage::v1::JobDefinition;
-use kairos_proto::v1::Task;
 use kairos_proto::v1::admin_service_server::AdminServiceServer;
 use kairos_proto::v1::cron_service_server::CronServiceServer;
 use kairos_proto::v1::definition_service_server::DefinitionServiceServer;
 use kairos_proto::v1::execution_service_server::ExecutionServiceServer;
 use kairos_proto::v1::worker_service_server::WorkerServiceServer;
+use kairos_proto::v1::{Task, WorkResponse};
 use tonic::codegen::tokio_stream::{self, Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
@@ -34,6 +37,9 @@ use crate::server::auth::{Principal, Scope};
 use crate::server::tls::ServerTls;
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// What a `Work` call returns: the stream of responses.
+pub type WorkStream = Pin<Box<dyn Stream<Item = Result<WorkResponse, Status>> + Send + 'static>>;
 
 /// The namespace of cluster-wide calls: only keys of every namespace may make them.
 const ALL: &str = kairos_layer::ops::access::ALL_NAMESPACES;

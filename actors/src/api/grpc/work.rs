@@ -3,22 +3,17 @@
 //! Authenticated at open; a key (not the node's own principal) is checked again as the stream
 //! goes on, so a revoked key ends it (a busy store does not).
 
-use std::pin::Pin;
-
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::{self, error::invalid};
 use kairos_proto::v1::{WorkOpen, WorkRequest, WorkResponse};
 use tokio::sync::mpsc;
-use tonic::codegen::tokio_stream::{self, Stream};
+use tonic::codegen::tokio_stream;
 use tonic::{Request, Status, Streaming};
 
-use super::workers::lease_of;
-use super::{Api, or_default, status};
+use super::results::lease_of;
+use super::{Api, WorkStream, or_default, status};
 use crate::node::WorkerStream;
 use crate::server::auth::{CACHE_MS, Principal, Scope};
-
-/// What a `Work` call returns: the stream of responses.
-pub type WorkStream = Pin<Box<dyn Stream<Item = Result<WorkResponse, Status>> + Send + 'static>>;
 
 type Out = mpsc::Sender<Result<WorkResponse, Status>>;
 

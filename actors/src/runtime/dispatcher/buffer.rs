@@ -7,27 +7,15 @@
 //! released, and a queue whose streams all closed gives its buffer back. The buffer is also a
 //! slot in the ledger, so fires fill it when no worker waits.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use kairos_layer::limits::{CLAIM_BATCH_MAX, CLAIM_EXECUTIONS_MAX};
 use kairos_layer::ops::Error;
 use kairos_layer::ops::claim::{ClaimOutcome, ClaimSlot, Claimed};
 
-use super::core::{Action, Apply, BUFFER_AGE_CHECK, Timer, fresh};
+use super::state::{Action, Apply, BUFFER_AGE_CHECK, Timer, fresh};
 use crate::limits::DISPATCH_BUFFER_MAX;
 use crate::runtime::messages::QueueKey;
-
-/// Executions claimed ahead of demand for a queue's worker streams.
-#[derive(Debug, Default)]
-pub(super) struct Buffer {
-    pub(super) items: VecDeque<Claimed>,
-    pub(super) refilling: usize,
-    /// A ready hint came while a refill was in flight.
-    pub(super) again: bool,
-    /// The buffer's slot in the ledger: fire transactions start executions for it
-    /// (unassigned) when no worker waits, so they skip the ready queue.
-    pub(super) slot: Option<u64>,
-}
 
 impl Apply<'_> {
     /// Whether `q` is served through a dispatch buffer: worker streams wait on it and it has

@@ -16,13 +16,14 @@
 //! worker of the queue if at least half its lease is left, else it is released (READY again at
 //! once, the attempt not counted).
 //!
-//! Every decision is the pure core's ([`core::Core::apply`]); this actor is the shell that
+//! Every decision is the pure core's ([`state::Core::apply`], decided in [`core`]); this actor is the shell that
 //! holds the reply ports and task senders and performs the actions: transactions in spawned
 //! tasks whose results come back as messages, replies, timers.
 
 pub mod buffer;
 pub mod core;
 pub mod polls;
+pub mod state;
 pub mod streams;
 #[cfg(test)]
 mod tests;
@@ -33,7 +34,7 @@ use std::time::Duration;
 use kairos_layer::ops::claim::{ClaimSlot, Claimed};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use self::core::{Action, BUFFER_AGE_CHECK, Core, Event, Timer, Waiting};
+use self::state::{Action, BUFFER_AGE_CHECK, Core, Event, Timer, Waiting};
 use super::context::{Ctx, send_after};
 use super::effects;
 use super::messages::{DispatcherMsg, Grant, PollReply, QueueKey, TaskSender};

@@ -7,18 +7,7 @@ use std::time::Duration;
 
 use kairos_layer::ops::claim::Claimed;
 
-use super::core::{Action, Apply, POLL_LINGER, Timer, Waiting};
-use crate::runtime::messages::QueueKey;
-
-/// A poll waiting for work.
-#[derive(Debug)]
-pub(super) struct Poll {
-    pub(super) queue: QueueKey,
-    pub(super) max: usize,
-    /// Work delivered and not yet answered.
-    pub(super) got: Vec<Claimed>,
-    pub(super) lingering: bool,
-}
+use super::state::{Action, Apply, POLL_LINGER, Poll, Timer, Waiting};
 
 impl Apply<'_> {
     pub(super) fn poll(&mut self, w: Waiting, wait_ms: u64) {

@@ -2,20 +2,7 @@
 //! back with its results; its queue is served through a dispatch buffer ([`super::buffer`])
 //! unless the queue has a concurrency limit.
 
-use super::core::{Action, Apply, Waiting};
-use crate::runtime::messages::QueueKey;
-
-/// A worker stream.
-#[derive(Debug)]
-pub(super) struct Stream {
-    pub(super) queue: QueueKey,
-    /// The worker's slots as far as the node can tell: the credits it opened the stream with,
-    /// raised to the most it has held at once. A stream may open with every slot busy
-    /// (credits 0: a worker reconnecting while its tasks run) and get its slots back later as
-    /// credits; sized by its opening credits alone, its queue's dispatch buffer would aim at
-    /// nothing and never claim (simulation seed 437).
-    pub(super) capacity: usize,
-}
+use super::state::{Action, Apply, Stream, Waiting};
 
 impl Apply<'_> {
     pub(super) fn open(&mut self, w: Waiting) {

@@ -557,3 +557,44 @@ async fn results_for_a_never_claimed_execution_are_a_precondition_failure() {
     }
     assert_eq!(w.dump().await, before, "nothing changed");
 }
+
+#[tokio::test]
+async fn a_fire_starts_executions_for_its_offered_slots_in_order_and_readies_the_rest() {
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::fire::Offer;
+    let w = world(31, FaultConfig::none()).await;
+    let ids: Vec<String> = (0..12)
+        .map(|i| request(Some(&format!("m{i}")), T0 + 1_000))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|r| w.sched.submit(r))
+        .collect::<futures_util::future::JoinAll<_>>()
+        .await
+        .into_iter()
+        .map(|s| s.unwrap().execution.id)
+        .collect();
+    w.advance_ms(1_000);
+    let slot =
+        |worker: &str, max| ClaimSlot { worker_id: worker.into(), max, lease_ms: Some(5_000) };
+    let mut offer = Offer::new();
+    offer.insert((NS.into(), "report".into()), vec![slot("w1", 1), slot("w2", 2)]);
+    let (mut matched, mut ready) = (0, 0);
+    for shard in 0..SHARDS {
+        let out = w.sched.fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, &offer);
+        let out = out.await.unwrap();
+        assert!(out.matched.len() <= 3, "at most the offer: {}", out.matched.len());
+        for (i, m) in out.matched.iter().enumerate() {
+            let (worker, slot) = if i == 0 { ("w1", 0) } else { ("w2", 1) };
+            assert_eq!((m.claim.execution.worker_id.as_str(), m.slot), (worker, slot));
+            assert_eq!(m.claim.execution.status(), ExecutionStatus::Running);
+            assert_eq!(m.claim.execution.lease_ms, 5_000, "the slot's lease");
+        }
+        matched += out.matched.len();
+        ready += out.fired.iter().filter(|f| f.status == ExecutionStatus::Ready).count();
+    }
+    assert_eq!(matched + ready, ids.len(), "every due execution fired once");
+    assert!(matched > 0 && ready > 0, "{matched} matched, {ready} ready");
+    w.check_invariants().await;
+    let claimed = w.sched.claim_for(NS, "report", "w3", 100, None).await.unwrap();
+    assert_eq!(claimed.len(), ready, "the rest are READY for any worker");
+}

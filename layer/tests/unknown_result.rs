@@ -170,3 +170,35 @@ async fn a_replay_applied_under_an_unknown_result_is_not_applied_twice() {
     assert_eq!((e.status(), e.attempt_base), (ExecutionStatus::Ready, 2));
     w.check_invariants().await;
 }
+
+/// A fire that matched executions to offered slots, whose commit applied but came back
+/// unknown-result, hands the same executions to the same slots on its retry (from its
+/// receipt), and fires nothing twice.
+#[tokio::test]
+async fn a_matched_fire_applied_under_an_unknown_result_returns_the_same_matches() {
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::fire::Offer;
+    let w = world(47, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    let shard = w.sched.get(NS, &id).await.unwrap().shard;
+    let armed = Arc::new(AtomicBool::new(true));
+    let hook = Arc::new(Mutex::new(None));
+    let store = Unknown { inner: w.store.clone(), armed: armed.clone(), hook };
+    let clock: SharedClock = Arc::new(w.clock.clone());
+    let db = Database::new(Arc::new(store), clock.clone(), Rng::seeded(97));
+    let flaky = Scheduler::open(db, w.ks.clone(), clock, Rng::seeded(96), w.params)
+        .await
+        .expect("a second handle opens");
+    armed.store(true, Ordering::SeqCst);
+    let mut offer = Offer::new();
+    let slots = vec![ClaimSlot { worker_id: "w1".into(), max: 1, lease_ms: None }];
+    offer.insert((NS.into(), "report".into()), slots);
+    let out = flaky.fire_due(shard, w.epochs[shard as usize], w.now_ms(), 100, &offer).await;
+    let out = out.expect("the fire took effect");
+    assert_eq!(out.matched.len(), 1, "the committed try's match, from the receipt");
+    assert_eq!((out.matched[0].claim.execution.id.as_str(), out.matched[0].slot), (id.as_str(), 0));
+    assert_eq!(out.matched[0].claim.execution.worker_id, "w1");
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!((e.status(), e.attempt_count), (ExecutionStatus::Running, 1), "fired once");
+    w.check_invariants().await;
+}

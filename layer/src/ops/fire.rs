@@ -91,6 +91,9 @@ enum Step {
     Quarantine(Unprocessable),
 }
 
+/// Executions a fire makes ready, by (namespace, queue), with the timer that fired each.
+type ReadyByQueue = BTreeMap<(String, String), Vec<(Execution, TimerKey)>>;
+
 /// A timer that cannot be processed, and why.
 struct Unprocessable {
     key: Vec<u8>,
@@ -163,8 +166,8 @@ impl Scheduler {
         now_ms: i64,
         wm: i64,
         out: &mut FireOutcome,
-    ) -> Result<BTreeMap<(String, String), Vec<(Execution, TimerKey)>>> {
-        let mut ready: BTreeMap<(String, String), Vec<(Execution, TimerKey)>> = BTreeMap::new();
+    ) -> Result<ReadyByQueue> {
+        let mut ready = ReadyByQueue::new();
         for step in steps {
             match step {
                 Step::Stale => {}

@@ -104,7 +104,7 @@ impl DispatcherState {
 
     fn answer(&mut self, id: u64, claimed: Vec<Claimed>) -> Option<Event> {
         let Some(reply) = self.replies.remove(&id) else {
-            return (!claimed.is_empty()).then(|| Event::Undelivered(id, claimed));
+            return (!claimed.is_empty()).then_some(Event::Undelivered(id, claimed));
         };
         let n = claimed.len();
         let delivered = (n > 0).then(|| claimed.clone());

@@ -22,3 +22,9 @@ pub const HTTP_BODY_BYTES_MAX: usize = 256 * 1024;
 pub const ERROR_MESSAGE_BYTES_MAX: usize = 512;
 /// Longest pause between retries of a failing fire or load of a shard owner.
 pub const RETRY_PAUSE_MAX_MS: i64 = 10_000;
+
+// Settings.
+/// The largest clock-skew bound a node accepts (`max_clock_skew_ms`): a quarter of the
+/// shortest attempt lease (1 s), so a worker heartbeating at a third of its lease is never
+/// timed out by a node whose clock runs ahead.
+pub const CLOCK_SKEW_MAX_MS: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;

@@ -15,18 +15,15 @@
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
 pub mod check;
+mod serve;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use crate::Node;
 use crate::server::auth::AuthMode;
-use crate::server::config::{Backend, NodeConfig};
+use crate::server::config::NodeConfig;
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use kairos_layer::env::{Rng, SharedClock, SystemClock};
-use kairos_layer::kv::{Database, StoreHealth};
 
 /// `kairos …`.
 #[derive(Debug, Parser)]
@@ -207,12 +204,12 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Dev(a) => {
             let mut config = node_config(&a)?;
             config.auth.get_or_insert(AuthMode::Off);
-            runtime()?.block_on(run(config))
+            runtime()?.block_on(serve::run(config))
         }
         Command::Serve(a) => {
             let mut config = node_config(&a)?;
             config.auth.get_or_insert(AuthMode::Keys);
-            runtime()?.block_on(run(config))
+            runtime()?.block_on(serve::run(config))
         }
         Command::Check(a) => {
             let mut config = base_config(&a.store)?;
@@ -325,255 +322,8 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
     Ok(config)
 }
 
-/// The node id: configured, or kept in the data directory so a restarted node keeps it.
-fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
-    if let Some(id) = &config.node_id {
-        return Ok(id.clone());
-    }
-    let path = config.data_dir.join("node-id");
-    if let Ok(id) = std::fs::read_to_string(&path) {
-        return Ok(id.trim().to_string());
-    }
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating {}", config.data_dir.display()))?;
-    let id = format!("node-{:016x}", rng.next_u64());
-    std::fs::write(&path, &id).with_context(|| format!("writing {}", path.display()))?;
-    Ok(id)
-}
-
-fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::Result<Database> {
-    Ok(match config.backend {
-        Backend::Embedded => {
-            let path = config.data_dir.join("kv.redb");
-            check_store_exists(config, &path)?;
-            let options = kairos_layer::kv::embedded::EmbeddedOptions {
-                cache_bytes: usize::try_from(config.store_cache_mib * 1024 * 1024)
-                    .unwrap_or(usize::MAX),
-                ..Default::default()
-            };
-            let db = kairos_layer::kv::embedded::EmbeddedDatabase::open_database_with(
-                &path, clock, rng, options,
-            )
-            .with_context(|| format!("opening the embedded store {}", path.display()))?;
-            mark_store_created(config)?;
-            db
-        }
-        Backend::Memory => kairos_layer::kv::memory::MemoryDatabase::open(
-            clock,
-            rng,
-            kairos_layer::kv::memory::FaultConfig::none(),
-        ),
-        #[cfg(feature = "fdb")]
-        Backend::Fdb => kairos_layer::kv::fdb::FdbDatabase::open_database(
-            config.fdb_cluster_file.as_deref(),
-            clock,
-            rng,
-        )
-        .context("connecting to FoundationDB")?,
-        #[cfg(not(feature = "fdb"))]
-        Backend::Fdb => bail!(
-            "backend fdb: this binary was built without the `fdb` feature (cargo build --features fdb)"
-        ),
-    })
-}
-
-/// The marker a data directory keeps once it held a store.
-const STORE_MARKER: &str = "store-created";
-
-/// Refuses to start on a data directory whose store existed and is now missing or empty
-/// (deleted, truncated, a volume not mounted): that would silently be a new, empty cluster.
-fn check_store_exists(config: &NodeConfig, store: &Path) -> anyhow::Result<()> {
-    let marker = config.data_dir.join(STORE_MARKER);
-    let Ok(created) = std::fs::read_to_string(&marker) else { return Ok(()) };
-    let size = std::fs::metadata(store).map(|m| m.len()).ok();
-    if size.is_some_and(|s| s > 0) || config.new_store {
-        return Ok(());
-    }
-    let what = if size.is_none() { "is missing" } else { "is empty" };
-    bail!(
-        "the store {} {what}, but this data directory held one ({}: {}).\n\
-         Restore kv.redb from a backup, or start with --new-store to begin a new, empty cluster \
-         here (what the old store held is lost).",
-        store.display(),
-        marker.display(),
-        created.trim()
-    )
-}
-
-/// Records that the data directory now holds a store.
-fn mark_store_created(config: &NodeConfig) -> anyhow::Result<()> {
-    let marker = config.data_dir.join(STORE_MARKER);
-    if config.new_store || !marker.exists() {
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let now = crate::api::json::rfc3339(ms).unwrap_or_default();
-        std::fs::write(&marker, format!("store created {now} by kairos {}\n", crate::VERSION))
-            .with_context(|| format!("writing {}", marker.display()))?;
-    }
-    Ok(())
-}
-
-async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
-    // Declared first, dropped last: stops FoundationDB's network thread when `run` ends,
-    // however it ends, after the node and the database (a no-op on the other backends).
-    #[cfg(feature = "fdb")]
-    let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
-    // Kept to the end of `run`: flushes exported spans.
-    let _telemetry = crate::server::telemetry::init(&config)?;
-    // Before anything starts: a TLS file that cannot be used is a configuration error.
-    let tls = match crate::server::tls::TlsFiles::from_config(&config) {
-        Some(files) => Some(crate::server::tls::ServerTls::load(files)?),
-        None => None,
-    };
-    let clock: SharedClock = Arc::new(SystemClock::default());
-    let rng = Rng::from_entropy();
-    config.node_id = Some(node_id(&config, &rng)?);
-    let db = open_database(&config, clock.clone(), rng.fork())?;
-    let listen = config.listen_http;
-    let listen_grpc = config.listen_grpc;
-    let data_dir = config.data_dir.clone();
-    let tls_reload =
-        (config.tls_reload_ms > 0).then(|| std::time::Duration::from_millis(config.tls_reload_ms));
-    let node = Node::start(config, db.clone(), clock, rng).await?;
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let (bound, http) = crate::api::http::serve_with(
-        listen,
-        node.clone(),
-        tls.clone(),
-        stopped(shutdown_rx.clone()),
-    )
-    .await
-    .with_context(|| format!("listening on {listen}"))?;
-    let (bound_grpc, grpc) = crate::api::grpc::Api::new(node.clone())
-        .serve_with(listen_grpc, tls.clone(), stopped(shutdown_rx))
-        .await
-        .with_context(|| format!("listening on {listen_grpc}"))?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    println!(
-        "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; data in {}",
-        node.node_id(),
-        display_dir(&data_dir)
-    );
-    announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
-    let tls_watch = tls.as_ref().map(|t| {
-        let client_auth = match &t.files().client_ca {
-            Some(ca) => format!("; gRPC clients need a certificate signed by {}", ca.display()),
-            None => String::new(),
-        };
-        let reload = match tls_reload {
-            Some(d) => format!("checked every {d:?} and on SIGHUP"),
-            None => "reloaded on SIGHUP".into(),
-        };
-        println!(
-            "kairos: TLS on both listeners with {} ({reload}){client_auth}",
-            t.files().cert.display()
-        );
-        t.watch(tls_reload)
-    });
-    let mut health = node.watch_store_health();
-    let failed = async move {
-        let failed = health.wait_for(|h| matches!(h, StoreHealth::Failed { .. })).await;
-        match failed {
-            Ok(h) => h.clone(),
-            Err(_) => std::future::pending().await,
-        }
-    };
-    let fatal = tokio::select! {
-        _ = wait_for_signal() => None,
-        h = failed => Some(h),
-    };
-    match &fatal {
-        Some(StoreHealth::Failed { reason }) => {
-            eprintln!(
-                "kairos: the store failed ({reason}); stopping so a supervisor can restart the node"
-            );
-        }
-        _ => println!("kairos: draining…"),
-    }
-    if let Some(w) = tls_watch {
-        w.abort();
-    }
-    // A failed store cannot finish a drain's writes: bound the wait.
-    let drain = async {
-        node.stop().await;
-        let _ = shutdown_tx.send(true);
-        let _ = http.await;
-        let _ = grpc.await;
-        db.close().await;
-    };
-    if fatal.is_some() {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain).await;
-        bail!(
-            "the store failed; run `kairos check --data-dir {}` before restarting",
-            display_dir(&data_dir)
-        );
-    }
-    drain.await;
-    println!("kairos: stopped");
-    Ok(())
-}
-
-/// The file where a node that requires keys and finds none leaves the first admin key.
-const BOOTSTRAP_KEY_FILE: &str = "admin-key";
-
-/// Says how callers get in: loudly when anyone may, and with a first admin key (written to a
-/// file only its owner may read) when keys are required and none exists yet.
-async fn announce_auth(
-    node: &Node,
-    data_dir: &Path,
-    http: &str,
-    grpc: std::net::SocketAddr,
-) -> anyhow::Result<()> {
-    if node.auth().mode() == AuthMode::Off {
-        eprintln!(
-            "kairos: WARNING: authentication is OFF — anyone who can reach {http} or {grpc} \
-             may use every namespace (kairos dev's default; `kairos serve` requires API keys)"
-        );
-        return Ok(());
-    }
-    let sched = node.scheduler();
-    if sched.has_live_api_keys().await.context("reading the API keys")? {
-        println!("kairos: API keys required on every call (authorization: Bearer kai_…)");
-        return Ok(());
-    }
-    let created = sched
-        .create_api_key("*", &["admin".to_string()], "bootstrap", "kairos serve (no keys yet)")
-        .await
-        .context("creating the first admin key")?;
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating {}", data_dir.display()))?;
-    let path = data_dir.join(BOOTSTRAP_KEY_FILE);
-    write_private(&path, &format!("{}\n", created.token))
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!(
-        "kairos: API keys required; there were none, so an admin key for every namespace was \
-         created: its token is in {} (readable by this user only). Create narrower keys with \
-         `KAIROS_API_KEY=$(cat {}) kairosctl keys create …`, then delete the file.",
-        display_dir(&path),
-        display_dir(&path)
-    );
-    Ok(())
-}
-
-/// Writes a file only its owner may read.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(text.as_bytes())
-}
-
-fn display_dir(p: &Path) -> String {
-    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
-}
-
-async fn wait_for_signal() {
+/// Ctrl-C or SIGTERM.
+pub(super) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -17,6 +17,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::context::{Ctx, send_after};
 use super::messages::CronMsg;
 use crate::limits::CRON_ROUNDS_IN_FLIGHT_MAX;
+use crate::server::log_limit::LogLimit;
+use kairos_layer::ops::cron::owner::CronDue;
+use kairos_layer::ops::cron::round::RoundReport;
 
 /// After a failed round, the job is tried again this much later.
 const ROUND_RETRY_MS: i64 = 1_000;
@@ -125,6 +128,90 @@ impl CronOwnerState {
     }
 }
 
+impl CronOwnerState {
+    /// A scan finished: its due jobs are added. `true` if ownership was lost (stopping).
+    fn scanned(
+        &mut self,
+        myself: &ActorRef<CronMsg>,
+        r: Result<Vec<CronDue>, Error>,
+        now: i64,
+    ) -> bool {
+        self.scanning = false;
+        self.next_scan = now + self.ctx.config.poll_interval_ms as i64;
+        match r {
+            Ok(due) => {
+                for d in due {
+                    self.add(d.fire_at_ms, (d.namespace, d.cron_job_id));
+                }
+            }
+            Err(e) => return self.failed(myself, e, now, None),
+        }
+        false
+    }
+
+    /// A round finished: what it did is counted and the job's next wake-up planned (or a retry).
+    /// `true` if ownership was lost (stopping).
+    fn round_done(
+        &mut self,
+        myself: &ActorRef<CronMsg>,
+        job: JobId,
+        r: Result<RoundReport, Error>,
+        now: i64,
+    ) -> bool {
+        self.running.remove(&job);
+        match r {
+            Ok(report) => {
+                self.ctx.cron_metrics.record(&report);
+                for e in &report.errors {
+                    tracing::warn!(cron_job = %job.1, error = %e, "cron occurrence");
+                }
+                if report.paused {
+                    tracing::warn!(cron_job = %job.1, "cron job paused: an execution failed");
+                }
+                let horizon = now + self.ctx.config.window_ms as i64;
+                if let Some(w) = report.wake_ms.filter(|w| *w <= horizon) {
+                    self.add(w, job.clone());
+                }
+            }
+            Err(e) => {
+                if self.failed(myself, e, now, Some(&job)) {
+                    return true;
+                }
+                self.add(now + ROUND_RETRY_MS, job.clone());
+            }
+        }
+        if self.again.remove(&job) {
+            self.add(now, job);
+        }
+        false
+    }
+
+    /// A scan or round failed: ownership lost stops the owner (`true`); anything else is logged
+    /// (at most once a second).
+    fn failed(&self, myself: &ActorRef<CronMsg>, e: Error, now: i64, job: Option<&JobId>) -> bool {
+        if let Error::OwnershipLost { shard, epoch, current } = e {
+            tracing::warn!(shard, epoch, current, "cron shard ownership lost");
+            myself.stop(Some("ownership lost".into()));
+            return true;
+        }
+        static SCANS: LogLimit = LogLimit::new(1_000);
+        static ROUNDS: LogLimit = LogLimit::new(1_000);
+        match job {
+            Some(job) => {
+                if let Some(suppressed) = ROUNDS.allow(now) {
+                    tracing::warn!(cron_job = %job.1, error = %e, suppressed, "cron round failed; retrying");
+                }
+            }
+            None => {
+                if let Some(suppressed) = SCANS.allow(now) {
+                    tracing::warn!(shard = self.shard, error = %e, suppressed, "cron scan failed");
+                }
+            }
+        }
+        false
+    }
+}
+
 impl Actor for CronShardOwner {
     type Msg = CronMsg;
     type State = CronOwnerState;
@@ -186,60 +273,13 @@ impl Actor for CronShardOwner {
                 }
             }
             CronMsg::Scanned(r) => {
-                s.scanning = false;
-                s.next_scan = now + s.ctx.config.poll_interval_ms as i64;
-                match r {
-                    Ok(due) => {
-                        for d in due {
-                            s.add(d.fire_at_ms, (d.namespace, d.cron_job_id));
-                        }
-                    }
-                    Err(Error::OwnershipLost { shard, epoch, current }) => {
-                        tracing::warn!(shard, epoch, current, "cron shard ownership lost");
-                        myself.stop(Some("ownership lost".into()));
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        static LIMIT: crate::server::log_limit::LogLimit =
-                            crate::server::log_limit::LogLimit::new(1_000);
-                        if let Some(suppressed) = LIMIT.allow(now) {
-                            tracing::warn!(shard = s.shard, error = %e, suppressed, "cron scan failed");
-                        }
-                    }
+                if s.scanned(&myself, r, now) {
+                    return Ok(()); // stopping
                 }
             }
             CronMsg::Done(job, r) => {
-                s.running.remove(&job);
-                match r {
-                    Ok(report) => {
-                        s.ctx.cron_metrics.record(&report);
-                        for e in &report.errors {
-                            tracing::warn!(cron_job = %job.1, error = %e, "cron occurrence");
-                        }
-                        if report.paused {
-                            tracing::warn!(cron_job = %job.1, "cron job paused: an execution failed");
-                        }
-                        let horizon = now + s.ctx.config.window_ms as i64;
-                        if let Some(w) = report.wake_ms.filter(|w| *w <= horizon) {
-                            s.add(w, job.clone());
-                        }
-                    }
-                    Err(Error::OwnershipLost { shard, epoch, current }) => {
-                        tracing::warn!(shard, epoch, current, "cron shard ownership lost");
-                        myself.stop(Some("ownership lost".into()));
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        static LIMIT: crate::server::log_limit::LogLimit =
-                            crate::server::log_limit::LogLimit::new(1_000);
-                        if let Some(suppressed) = LIMIT.allow(now) {
-                            tracing::warn!(cron_job = %job.1, error = %e, suppressed, "cron round failed; retrying");
-                        }
-                        s.add(now + ROUND_RETRY_MS, job.clone());
-                    }
-                }
-                if s.again.remove(&job) {
-                    s.add(now, job);
+                if s.round_done(&myself, job, r, now) {
+                    return Ok(()); // stopping
                 }
             }
         }

@@ -149,6 +149,81 @@ impl LeaseState {
         });
     }
 
+    /// A lease that ran out without a renewal may already be someone else's: its worker stops
+    /// now rather than wait to be fenced out.
+    fn stop_lapsed(&mut self) {
+        let now = self.ctx.now_ms();
+        let lapsed: Vec<PartitionId> =
+            self.valid_until.iter().filter(|(_, until)| **until <= now).map(|(p, _)| *p).collect();
+        for p in lapsed {
+            self.valid_until.remove(&p);
+            if let Some((_, worker)) = self.held.remove(&p) {
+                tracing::warn!(
+                    space = p.0.name(),
+                    partition = p.1,
+                    "lease ran out unrenewed: stopping its worker"
+                );
+                worker.stop(Some("lease expired".into()));
+            }
+        }
+    }
+
+    /// A round finished: renewed leases extended, lost and released ones' workers stopped,
+    /// acquired ones' workers started.
+    async fn round_done(&mut self, myself: &ActorRef<LeaseMsg>, o: RoundOutcome) {
+        for (p, until) in o.renewed {
+            self.valid_until.insert(p, until);
+        }
+        if !o.acquired.is_empty() || !o.lost.is_empty() || !o.released.is_empty() {
+            tracing::info!(
+                acquired = o.acquired.len(),
+                lost = o.lost.len(),
+                released = o.released.len(),
+                "leases changed"
+            );
+        }
+        for p in o.lost.iter().chain(&o.released) {
+            self.valid_until.remove(p);
+            if let Some((_, worker)) = self.held.remove(p) {
+                worker.stop(Some("lease lost or released".into()));
+            }
+        }
+        for (p, epoch, until) in o.acquired {
+            if self.draining {
+                break;
+            }
+            debug_assert!(!self.held.contains_key(&p), "acquired only what is not held");
+            match self.start_worker(myself, p, epoch).await {
+                Ok(worker) => {
+                    self.valid_until.insert(p, until);
+                    self.held.insert(p, (epoch, worker));
+                }
+                Err(e) => {
+                    tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "cannot start a partition worker")
+                }
+            }
+        }
+    }
+
+    /// Stops every partition worker and releases every lease, so other nodes take over at once.
+    async fn drain(&mut self) {
+        self.draining = true;
+        self.valid_until.clear();
+        let held = std::mem::take(&mut self.held);
+        let mut release = Vec::new();
+        for ((space, partition), (epoch, worker)) in held {
+            let _ =
+                worker.stop_and_wait(Some("draining".into()), Some(Duration::from_secs(5))).await;
+            release.push((space, partition, epoch));
+        }
+        if let Err(e) = self.ctx.sched.release_partitions(&release, &self.ctx.node_id).await {
+            tracing::warn!(error = %e, "could not release the leases; they will expire");
+        }
+        if let Err(e) = self.ctx.sched.remove_node(&self.ctx.node_id).await {
+            tracing::warn!(error = %e, "could not remove the node record; it will go stale");
+        }
+    }
+
     /// Starts the actor that works `p` under `epoch`.
     async fn start_worker(
         &self,
@@ -202,10 +277,33 @@ async fn run_round(
         leases.extend(sched.partition_leases(*space).await?);
     }
     let now = ctx.now_ms();
-    let skew = c.max_clock_skew_ms as i64;
+    warn_of_skew(ctx, &nodes, now);
+    let view = View {
+        node_id: &ctx.node_id,
+        region: &c.region,
+        primary_region: &c.primary_region,
+        now,
+        node_ttl_ms: c.node_ttl_ms as i64,
+        skew_ms: c.max_clock_skew_ms as i64,
+        nodes: &nodes,
+        leases: &leases,
+    };
+    let counts: Vec<(Space, u32)> =
+        spaces.iter().map(|s| (*s, sched.partition_count(*s))).collect();
+    let held_set: BTreeSet<PartitionId> = held.keys().copied().collect();
+    let plan = plan_leases(&view, &held_set, &counts);
+    let mut out = RoundOutcome::default();
+    renew(ctx, &plan, held, &mut out).await?;
+    acquire(ctx, &plan, &mut out).await;
+    release(ctx, plan, held, &mut out).await;
+    Ok(out)
+}
+
+/// A heartbeat cannot come from the future: one further ahead than the bound means the clocks
+/// differ by more than the design assumes.
+fn warn_of_skew(ctx: &Ctx, nodes: &[NodeRecord], now: i64) {
+    let skew = ctx.config.max_clock_skew_ms as i64;
     for n in nodes.iter().filter(|n| n.node_id != ctx.node_id) {
-        // A heartbeat cannot come from the future: one further ahead than the bound means the
-        // clocks differ by more than the design assumes.
         if n.heartbeat_at_ms > now + skew {
             ctx.metrics.clock_skew_suspected.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
@@ -217,62 +315,72 @@ async fn run_round(
             );
         }
     }
-    let view = View {
-        node_id: &ctx.node_id,
-        region: &c.region,
-        primary_region: &c.primary_region,
-        now,
-        node_ttl_ms: c.node_ttl_ms as i64,
-        skew_ms: skew,
-        nodes: &nodes,
-        leases: &leases,
-    };
-    let counts: Vec<(Space, u32)> =
-        spaces.iter().map(|s| (*s, sched.partition_count(*s))).collect();
-    let held_set: BTreeSet<PartitionId> = held.keys().copied().collect();
-    let plan = plan_leases(&view, &held_set, &counts);
-    let duration = c.shard_lease_ms as i64;
-    let mut out = RoundOutcome::default();
+}
+
+/// Renews every held lease; a failed renewal round keeps nothing (the owners stop if their
+/// leases run out).
+async fn renew(
+    ctx: &Ctx,
+    plan: &LeasePlan,
+    held: &BTreeMap<PartitionId, u64>,
+    out: &mut RoundOutcome,
+) -> Result<(), Error> {
     let renew: Vec<(Space, u32, u64)> = plan.renew.iter().map(|p| (p.0, p.1, held[p])).collect();
-    if !renew.is_empty() {
-        // A failed renewal round keeps nothing; the owners stop if their leases run out.
-        for (r, p) in sched
-            .renew_partitions(&renew, &ctx.node_id, duration)
-            .await?
-            .into_iter()
-            .zip(&plan.renew)
-        {
-            match r {
-                Ok(l) => out.renewed.push((*p, l.expires_at_ms)),
-                Err(e) => {
-                    tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "lease lost");
-                    out.lost.push(*p);
-                }
+    if renew.is_empty() {
+        return Ok(());
+    }
+    let duration = ctx.config.shard_lease_ms as i64;
+    let results = ctx.sched.renew_partitions(&renew, &ctx.node_id, duration).await?;
+    for (r, p) in results.into_iter().zip(&plan.renew) {
+        match r {
+            Ok(l) => {
+                debug_assert_eq!(l.epoch, held[p], "a renewal keeps the epoch it was held at");
+                out.renewed.push((*p, l.expires_at_ms));
+            }
+            Err(e) => {
+                tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "lease lost");
+                out.lost.push(*p);
             }
         }
     }
-    if !plan.acquire.is_empty() {
-        match sched.acquire_partitions(&plan.acquire, &ctx.node_id, duration, skew).await {
-            Ok(results) => {
-                for (r, p) in results.into_iter().zip(&plan.acquire) {
-                    if let Ok(l) = r {
-                        out.acquired.push((*p, l.epoch, l.expires_at_ms));
-                    }
+    Ok(())
+}
+
+/// Acquires what the plan wants; what was renewed stays renewed if this fails (tried again
+/// next round).
+async fn acquire(ctx: &Ctx, plan: &LeasePlan, out: &mut RoundOutcome) {
+    if plan.acquire.is_empty() {
+        return;
+    }
+    let (duration, skew) = (ctx.config.shard_lease_ms as i64, ctx.config.max_clock_skew_ms as i64);
+    match ctx.sched.acquire_partitions(&plan.acquire, &ctx.node_id, duration, skew).await {
+        Ok(results) => {
+            for (r, p) in results.into_iter().zip(&plan.acquire) {
+                if let Ok(l) = r {
+                    out.acquired.push((*p, l.epoch, l.expires_at_ms));
                 }
             }
-            // What was renewed stays renewed; acquiring is tried again next round.
-            Err(e) => tracing::warn!(error = %e, "acquiring leases failed; retrying next round"),
         }
+        Err(e) => tracing::warn!(error = %e, "acquiring leases failed; retrying next round"),
     }
-    if !plan.release.is_empty() {
-        let release: Vec<(Space, u32, u64)> =
-            plan.release.iter().map(|p| (p.0, p.1, held[p])).collect();
-        match sched.release_partitions(&release, &ctx.node_id).await {
-            Ok(()) => out.released = plan.release,
-            Err(e) => tracing::warn!(error = %e, "releasing leases failed; retrying next round"),
-        }
+}
+
+/// Gives up what the plan releases (tried again next round if this fails).
+async fn release(
+    ctx: &Ctx,
+    plan: LeasePlan,
+    held: &BTreeMap<PartitionId, u64>,
+    out: &mut RoundOutcome,
+) {
+    if plan.release.is_empty() {
+        return;
     }
-    Ok(out)
+    let release: Vec<(Space, u32, u64)> =
+        plan.release.iter().map(|p| (p.0, p.1, held[p])).collect();
+    match ctx.sched.release_partitions(&release, &ctx.node_id).await {
+        Ok(()) => out.released = plan.release,
+        Err(e) => tracing::warn!(error = %e, "releasing leases failed; retrying next round"),
+    }
 }
 
 impl Actor for LeaseManager {
@@ -307,64 +415,13 @@ impl Actor for LeaseManager {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             LeaseMsg::Tick => {
-                // A lease that ran out without a renewal may already be someone else's: stop
-                // its worker now rather than wait to be fenced out.
-                let now = s.ctx.now_ms();
-                let lapsed: Vec<PartitionId> = s
-                    .valid_until
-                    .iter()
-                    .filter(|(_, until)| **until <= now)
-                    .map(|(p, _)| *p)
-                    .collect();
-                for p in lapsed {
-                    s.valid_until.remove(&p);
-                    if let Some((_, worker)) = s.held.remove(&p) {
-                        tracing::warn!(
-                            space = p.0.name(),
-                            partition = p.1,
-                            "lease ran out unrenewed: stopping its worker"
-                        );
-                        worker.stop(Some("lease expired".into()));
-                    }
-                }
+                s.stop_lapsed();
                 s.round(&myself)
             }
             LeaseMsg::Round(r) => {
                 s.busy = false;
                 match r {
-                    Ok(RoundOutcome { acquired, renewed, lost, released }) => {
-                        for (p, until) in renewed {
-                            s.valid_until.insert(p, until);
-                        }
-                        if !acquired.is_empty() || !lost.is_empty() || !released.is_empty() {
-                            tracing::info!(
-                                acquired = acquired.len(),
-                                lost = lost.len(),
-                                released = released.len(),
-                                "leases changed"
-                            );
-                        }
-                        for p in lost.iter().chain(&released) {
-                            s.valid_until.remove(p);
-                            if let Some((_, worker)) = s.held.remove(p) {
-                                worker.stop(Some("lease lost or released".into()));
-                            }
-                        }
-                        for (p, epoch, until) in acquired {
-                            if s.draining {
-                                break;
-                            }
-                            match s.start_worker(&myself, p, epoch).await {
-                                Ok(worker) => {
-                                    s.valid_until.insert(p, until);
-                                    s.held.insert(p, (epoch, worker));
-                                }
-                                Err(e) => {
-                                    tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "cannot start a partition worker")
-                                }
-                            }
-                        }
-                    }
+                    Ok(outcome) => s.round_done(&myself, outcome).await,
                     Err(e) => tracing::warn!(error = %e, "lease round failed; retrying"),
                 }
                 if !s.draining {
@@ -372,22 +429,7 @@ impl Actor for LeaseManager {
                 }
             }
             LeaseMsg::Drain(reply) => {
-                s.draining = true;
-                s.valid_until.clear();
-                let held = std::mem::take(&mut s.held);
-                let mut release = Vec::new();
-                for ((space, partition), (epoch, worker)) in held {
-                    let _ = worker
-                        .stop_and_wait(Some("draining".into()), Some(Duration::from_secs(5)))
-                        .await;
-                    release.push((space, partition, epoch));
-                }
-                if let Err(e) = s.ctx.sched.release_partitions(&release, &s.ctx.node_id).await {
-                    tracing::warn!(error = %e, "could not release the leases; they will expire");
-                }
-                if let Err(e) = s.ctx.sched.remove_node(&s.ctx.node_id).await {
-                    tracing::warn!(error = %e, "could not remove the node record; it will go stale");
-                }
+                s.drain().await;
                 let _ = reply.send(());
             }
         }

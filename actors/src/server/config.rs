@@ -5,7 +5,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use kairos_layer::limits::{
+    CRON_LOOKAHEAD_MAX_MS, FAIR_SCAN_ROWS_MAX, FIRE_BATCH_MAX, NAME_BYTES_MAX, SHARD_COUNT_MAX,
+};
 use serde::Deserialize;
+
+use crate::limits::CLOCK_SKEW_MAX_MS;
+use crate::server::auth::AuthMode;
 
 /// Where the node keeps its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -212,11 +218,6 @@ impl Default for NodeConfig {
     }
 }
 
-/// The largest clock-skew bound a node accepts: a quarter of the shortest attempt lease
-/// (1 s), so a worker heartbeating at a third of its lease is never timed out by a node whose
-/// clock runs ahead.
-pub const MAX_CLOCK_SKEW_MS_LIMIT: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
-
 /// A configuration error naming the setting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("config {setting}: {reason}")]
@@ -263,6 +264,34 @@ impl NodeConfig {
 
     /// Sets one setting from a string (environment variable or flag value).
     pub fn set(&mut self, setting: &str, value: &str) -> Result<(), ConfigError> {
+        if self.set_number(setting, value)? || self.set_choice(setting, value)? {
+            return Ok(());
+        }
+        let address =
+            |v: &str| v.parse().map_err(|_| bad(setting, format!("not a socket address: {v:?}")));
+        let path = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
+        match setting {
+            "node_id" => self.node_id = Some(value.to_string()),
+            "region" => self.region = value.to_string(),
+            "primary_region" => self.primary_region = value.to_string(),
+            "data_dir" => self.data_dir = PathBuf::from(value),
+            "fdb_cluster_file" => self.fdb_cluster_file = Some(value.to_string()),
+            "cluster" => self.cluster = value.to_string(),
+            "listen_http" => self.listen_http = address(value)?,
+            "listen_grpc" => self.listen_grpc = address(value)?,
+            // An empty value unsets a file (so the environment can turn TLS off again).
+            "tls_cert_file" => self.tls_cert_file = path(value),
+            "tls_key_file" => self.tls_key_file = path(value),
+            "tls_client_ca_file" => self.tls_client_ca_file = path(value),
+            "log" => self.log = value.to_string(),
+            "otlp_endpoint" => self.otlp_endpoint = Some(value.to_string()),
+            other => return Err(bad(other, "unknown setting")),
+        }
+        Ok(())
+    }
+
+    /// Sets a numeric setting; `false` if `setting` is not one.
+    fn set_number(&mut self, setting: &str, value: &str) -> Result<bool, ConfigError> {
         let num =
             |v: &str| v.parse::<u64>().map_err(|_| bad(setting, format!("not a number: {v:?}")));
         let num32 = |v: &str| {
@@ -270,41 +299,7 @@ impl NodeConfig {
                 bad(setting, format!("not a number between 0 and {}: {v:?}", u32::MAX))
             })
         };
-        let path = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
         match setting {
-            "node_id" => self.node_id = Some(value.to_string()),
-            "region" => self.region = value.to_string(),
-            "primary_region" => self.primary_region = value.to_string(),
-            "data_dir" => self.data_dir = PathBuf::from(value),
-            "backend" => {
-                self.backend = match value {
-                    "embedded" => Backend::Embedded,
-                    "memory" => Backend::Memory,
-                    "fdb" => Backend::Fdb,
-                    other => {
-                        return Err(bad(
-                            setting,
-                            format!("{other:?} is not embedded, memory or fdb"),
-                        ));
-                    }
-                }
-            }
-            "fdb_cluster_file" => self.fdb_cluster_file = Some(value.to_string()),
-            "cluster" => self.cluster = value.to_string(),
-            "listen_http" => {
-                self.listen_http = value
-                    .parse()
-                    .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
-            }
-            "listen_grpc" => {
-                self.listen_grpc = value
-                    .parse()
-                    .map_err(|_| bad(setting, format!("not a socket address: {value:?}")))?
-            }
-            // An empty value unsets a file (so the environment can turn TLS off again).
-            "tls_cert_file" => self.tls_cert_file = path(value),
-            "tls_key_file" => self.tls_key_file = path(value),
-            "tls_client_ca_file" => self.tls_client_ca_file = path(value),
             "tls_reload_ms" => self.tls_reload_ms = num(value)?,
             "shard_count" => self.shard_count = num32(value)?,
             "ready_partitions" => self.ready_partitions = num32(value)?,
@@ -312,37 +307,52 @@ impl NodeConfig {
             "shard_lease_ms" => self.shard_lease_ms = num(value)?,
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
-            "log" => self.log = value.to_string(),
             "retention_days" => self.retention_days = num32(value)?,
             "retention_sweep_ms" => self.retention_sweep_ms = num(value)?,
             "audit_retention_days" => self.audit_retention_days = num32(value)?,
             "fair_scan_rows" => self.fair_scan_rows = num(value)? as usize,
-            "otlp_endpoint" => self.otlp_endpoint = Some(value.to_string()),
+            "store_cache_mib" => self.store_cache_mib = num(value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Sets a setting with a few named values; `false` if `setting` is not one.
+    fn set_choice(&mut self, setting: &str, value: &str) -> Result<bool, ConfigError> {
+        let not = |what: &str| Err(bad(setting, format!("{value:?} is not {what}")));
+        match setting {
+            "backend" => {
+                self.backend = match value {
+                    "embedded" => Backend::Embedded,
+                    "memory" => Backend::Memory,
+                    "fdb" => Backend::Fdb,
+                    _ => return not("embedded, memory or fdb"),
+                }
+            }
             "log_format" => {
                 self.log_format = match value {
                     "text" => LogFormat::Text,
                     "json" => LogFormat::Json,
-                    other => return Err(bad(setting, format!("{other:?} is not text or json"))),
+                    _ => return not("text or json"),
                 }
             }
-            "store_cache_mib" => self.store_cache_mib = num(value)?,
             "auth" => {
                 self.auth = Some(match value {
-                    "keys" => crate::server::auth::AuthMode::Keys,
-                    "off" => crate::server::auth::AuthMode::Off,
-                    other => return Err(bad(setting, format!("{other:?} is not keys or off"))),
+                    "keys" => AuthMode::Keys,
+                    "off" => AuthMode::Off,
+                    _ => return not("keys or off"),
                 })
             }
             "new_store" => {
                 self.new_store = match value {
                     "true" | "1" | "yes" => true,
                     "false" | "0" | "no" => false,
-                    other => return Err(bad(setting, format!("{other:?} is not true or false"))),
+                    _ => return not("true or false"),
                 }
             }
-            other => return Err(bad(other, "unknown setting")),
+            _ => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Applies the `KAIROS_*` environment variables found by `get`.
@@ -365,13 +375,35 @@ impl NodeConfig {
 
     /// Checks every setting and their relations.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(id) = &self.node_id
-            && (id.is_empty() || id.len() > 128 || id.contains(char::is_whitespace))
-        {
-            return Err(bad("node_id", "must be 1-128 characters without spaces"));
+        self.validate_cluster()?;
+        self.validate_timing()?;
+        self.validate_tls()?;
+        if !(8..=65_536).contains(&self.store_cache_mib) {
+            return Err(bad("store_cache_mib", "must be between 8 and 65536"));
         }
-        if self.shard_count == 0 || self.shard_count > 65_536 {
-            return Err(bad("shard_count", "must be between 1 and 65536"));
+        if let Some((ns, _)) =
+            self.namespace_weights.iter().find(|(_, w)| !(1..=1_000).contains(*w))
+        {
+            return Err(bad(&format!("namespace_weights.{ns}"), "must be between 1 and 1000"));
+        }
+        if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
+            return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));
+        }
+        Ok(())
+    }
+
+    /// The node's id and the cluster's shape.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        if let Some(id) = &self.node_id
+            && (id.is_empty() || id.len() > NAME_BYTES_MAX || id.contains(char::is_whitespace))
+        {
+            return Err(bad(
+                "node_id",
+                format!("must be 1-{NAME_BYTES_MAX} characters without spaces"),
+            ));
+        }
+        if self.shard_count == 0 || self.shard_count > SHARD_COUNT_MAX {
+            return Err(bad("shard_count", format!("must be between 1 and {SHARD_COUNT_MAX}")));
         }
         if self.bucket_width_ms < 1_000 {
             return Err(bad("bucket_width_ms", "must be at least 1000"));
@@ -379,17 +411,28 @@ impl NodeConfig {
         if self.ready_partitions > self.shard_count {
             return Err(bad("ready_partitions", "must be at most shard_count"));
         }
-        if self.cron_lookahead_ms > kairos_layer::limits::CRON_LOOKAHEAD_MAX_MS {
+        if self.fire_batch == 0 || self.fire_batch > FIRE_BATCH_MAX {
+            return Err(bad("fire_batch", format!("must be between 1 and {FIRE_BATCH_MAX}")));
+        }
+        if self.fair_scan_rows > FAIR_SCAN_ROWS_MAX {
+            return Err(bad("fair_scan_rows", format!("must be at most {FAIR_SCAN_ROWS_MAX}")));
+        }
+        Ok(())
+    }
+
+    /// Leases, clocks, windows and periods, and how they relate.
+    fn validate_timing(&self) -> Result<(), ConfigError> {
+        if self.cron_lookahead_ms > CRON_LOOKAHEAD_MAX_MS {
             return Err(bad("cron_lookahead_ms", "must be at most 3600000 (1 hour)"));
         }
         if self.shard_lease_ms < 1_000 {
             return Err(bad("shard_lease_ms", "must be at least 1000"));
         }
-        if self.max_clock_skew_ms > MAX_CLOCK_SKEW_MS_LIMIT {
+        if self.max_clock_skew_ms > CLOCK_SKEW_MAX_MS {
             return Err(bad(
                 "max_clock_skew_ms",
                 format!(
-                    "must be at most {MAX_CLOCK_SKEW_MS_LIMIT} (a quarter of the shortest attempt \
+                    "must be at most {CLOCK_SKEW_MAX_MS} (a quarter of the shortest attempt \
                      lease, so a heartbeat at a third of it always lands in time)"
                 ),
             ));
@@ -409,23 +452,14 @@ impl NodeConfig {
         if self.poll_interval_ms == 0 || self.poll_interval_ms > self.window_ms {
             return Err(bad("poll_interval_ms", "must be between 1 and window_ms"));
         }
-        if !(8..=65_536).contains(&self.store_cache_mib) {
-            return Err(bad("store_cache_mib", "must be between 8 and 65536"));
-        }
-        if self.fire_batch == 0 || self.fire_batch > 1_000 {
-            return Err(bad("fire_batch", "must be between 1 and 1000"));
-        }
         if self.retention_sweep_ms < 1_000 {
             return Err(bad("retention_sweep_ms", "must be at least 1000"));
         }
-        if self.fair_scan_rows > kairos_layer::limits::FAIR_SCAN_ROWS_MAX {
-            return Err(bad("fair_scan_rows", "must be at most 20000"));
-        }
-        if let Some((ns, _)) =
-            self.namespace_weights.iter().find(|(_, w)| !(1..=1_000).contains(*w))
-        {
-            return Err(bad(&format!("namespace_weights.{ns}"), "must be between 1 and 1000"));
-        }
+        Ok(())
+    }
+
+    /// The listeners' certificate files.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
         match (&self.tls_cert_file, &self.tls_key_file) {
             (Some(_), None) => return Err(bad("tls_key_file", "required with tls_cert_file")),
             (None, Some(_)) => return Err(bad("tls_cert_file", "required with tls_key_file")),
@@ -439,9 +473,6 @@ impl NodeConfig {
         }
         if self.tls_reload_ms != 0 && self.tls_reload_ms < 100 {
             return Err(bad("tls_reload_ms", "must be 0 (only on SIGHUP) or at least 100"));
-        }
-        if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
-            return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));
         }
         Ok(())
     }

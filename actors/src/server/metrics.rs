@@ -195,34 +195,56 @@ impl Metrics {
 
     /// Registers the node-local metrics plus `executions` (by state, cluster-wide).
     pub fn register(&self, reg: &mut Registry, executions: &[(String, i64)]) {
+        self.register_latencies(reg);
+        self.register_by_label(reg);
+        self.register_counters(reg);
+        self.register_gauges(reg);
+        let by_state = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        for (state, n) in executions {
+            by_state.get_or_create(&vec![("state", state.clone())]).set(*n);
+        }
+        reg.register(
+            "kairos_executions",
+            "Executions by state (cluster-wide, all namespaces).",
+            by_state,
+        );
+    }
+
+    fn register_latencies(&self, reg: &mut Registry) {
+        let histograms = [
+            (
+                "kairos_lateness_ready",
+                "Time from execute_at until the execution became READY.",
+                &self.lateness_ready,
+            ),
+            (
+                "kairos_lateness_start",
+                "Time from execute_at until its first attempt started.",
+                &self.lateness_start,
+            ),
+            (
+                "kairos_store_commit",
+                "Latency of store transactions, retries included.",
+                &self.commit_latency,
+            ),
+        ];
+        for (name, help, h) in histograms {
+            seconds(reg, name, help, h);
+        }
+    }
+
+    fn register_by_label(&self, reg: &mut Registry) {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        seconds(
-            reg,
-            "kairos_lateness_ready",
-            "Time from execute_at until the execution became READY.",
-            &self.lateness_ready,
-        );
-        seconds(
-            reg,
-            "kairos_lateness_start",
-            "Time from execute_at until its first attempt started.",
-            &self.lateness_start,
-        );
-        seconds(
-            reg,
-            "kairos_store_commit",
-            "Latency of store transactions, retries included.",
-            &self.commit_latency,
-        );
+        let retries = [
+            ("conflict", load(&self.store_retries_conflict)),
+            ("other", load(&self.store_retries_other)),
+        ];
         counters_by(
             reg,
             "kairos_store_retries",
             "Store transactions retried, by reason.",
             "reason",
-            &[
-                ("conflict", load(&self.store_retries_conflict)),
-                ("other", load(&self.store_retries_other)),
-            ],
+            &retries,
         );
         let outcomes: Vec<(&str, u64)> =
             OUTCOMES.iter().zip(&self.attempts).map(|(o, a)| (*o, load(a))).collect();
@@ -233,90 +255,79 @@ impl Metrics {
             "outcome",
             &outcomes,
         );
-        counter(reg, "kairos_retries", "Retries scheduled.", &self.retries);
-        counters_by(
-            reg,
-            "kairos_quota_refused",
-            "Submissions refused by a namespace's quota, by quota.",
-            "quota",
-            &[
-                ("rate", load(&self.quota_refused_rate)),
-                ("pending", load(&self.quota_refused_pending)),
-            ],
-        );
-        counter(
-            reg,
-            "kairos_retention_deleted",
-            "Terminal executions deleted after their namespace's retention.",
-            &self.retention_deleted,
-        );
-        counter(reg, "kairos_lease_expiries", "Attempt leases that expired.", &self.lease_expiries);
-        counter(reg, "kairos_timers_fired", "Timers fired by this node.", &self.timers_fired);
-        counter(reg, "kairos_claimed", "Executions claimed through this node.", &self.claimed);
-        counter(
-            reg,
-            "kairos_matched_at_fire",
-            "Executions started for a waiting worker by the transaction that fired them.",
-            &self.matched_at_fire,
-        );
-        counter(
-            reg,
-            "kairos_orphans_released",
-            "Claimed executions whose worker vanished before delivery, released to READY.",
-            &self.orphans_released,
-        );
-        counter(
-            reg,
-            "kairos_quarantined",
-            "Timers put aside as unprocessable by this node.",
-            &self.quarantined,
-        );
-        counter(
-            reg,
-            "kairos_clock_skew_suspected",
-            "Other nodes' heartbeats seen further ahead than max_clock_skew_ms.",
-            &self.clock_skew_suspected,
-        );
-        counter(
-            reg,
-            "kairos_submitted",
-            "Executions submitted through this node.",
-            &self.submitted,
-        );
-        counter(
-            reg,
-            "kairos_actor_restarts",
-            "Actors restarted by the node supervisor.",
-            &self.actor_restarts,
-        );
-        gauge(
-            reg,
-            "kairos_store_cache_bytes",
-            "The embedded store's page cache (store_cache_mib).",
-            &self.store_cache_bytes,
-        );
-        gauge(
-            reg,
-            "kairos_store_healthy",
-            "1: the store takes writes; 0: it refuses them for now (disk full); -1: it failed.",
-            &self.store_health,
-        );
-        gauge(reg, "kairos_shards_owned", "Shards this node owns.", &self.shards_owned);
-        gauge(
-            reg,
-            "kairos_execution_timers",
-            "Execution timers: executions in flight past their first timer, each followed in memory.",
-            &self.execution_timers,
-        );
-        let by_state = Family::<Vec<(&'static str, String)>, Gauge>::default();
-        for (state, n) in executions {
-            by_state.get_or_create(&vec![("state", state.clone())]).set(*n);
+        let refused = [
+            ("rate", load(&self.quota_refused_rate)),
+            ("pending", load(&self.quota_refused_pending)),
+        ];
+        let help = "Submissions refused by a namespace's quota, by quota.";
+        counters_by(reg, "kairos_quota_refused", help, "quota", &refused);
+    }
+
+    fn register_counters(&self, reg: &mut Registry) {
+        let counters = [
+            ("kairos_retries", "Retries scheduled.", &self.retries),
+            (
+                "kairos_retention_deleted",
+                "Terminal executions deleted after their namespace's retention.",
+                &self.retention_deleted,
+            ),
+            ("kairos_lease_expiries", "Attempt leases that expired.", &self.lease_expiries),
+            ("kairos_timers_fired", "Timers fired by this node.", &self.timers_fired),
+            ("kairos_claimed", "Executions claimed through this node.", &self.claimed),
+            (
+                "kairos_matched_at_fire",
+                "Executions started for a waiting worker by the transaction that fired them.",
+                &self.matched_at_fire,
+            ),
+            (
+                "kairos_orphans_released",
+                "Claimed executions whose worker vanished before delivery, released to READY.",
+                &self.orphans_released,
+            ),
+            (
+                "kairos_quarantined",
+                "Timers put aside as unprocessable by this node.",
+                &self.quarantined,
+            ),
+            (
+                "kairos_clock_skew_suspected",
+                "Other nodes' heartbeats seen further ahead than max_clock_skew_ms.",
+                &self.clock_skew_suspected,
+            ),
+            ("kairos_submitted", "Executions submitted through this node.", &self.submitted),
+            (
+                "kairos_actor_restarts",
+                "Actors restarted by the node supervisor.",
+                &self.actor_restarts,
+            ),
+        ];
+        for (name, help, c) in counters {
+            counter(reg, name, help, c);
         }
-        reg.register(
-            "kairos_executions",
-            "Executions by state (cluster-wide, all namespaces).",
-            by_state,
-        );
+    }
+
+    fn register_gauges(&self, reg: &mut Registry) {
+        let gauges = [
+            (
+                "kairos_store_cache_bytes",
+                "The embedded store's page cache (store_cache_mib).",
+                &self.store_cache_bytes,
+            ),
+            (
+                "kairos_store_healthy",
+                "1: the store takes writes; 0: it refuses them for now (disk full); -1: it failed.",
+                &self.store_health,
+            ),
+            ("kairos_shards_owned", "Shards this node owns.", &self.shards_owned),
+            (
+                "kairos_execution_timers",
+                "Execution timers: executions in flight past their first timer, each followed in memory.",
+                &self.execution_timers,
+            ),
+        ];
+        for (name, help, g) in gauges {
+            gauge(reg, name, help, g);
+        }
     }
 }
 

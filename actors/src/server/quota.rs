@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use kairos_layer::ops::{self, Scheduler};
 use kairos_proto::storage::v1::ExecutionStatus;
 
-use crate::server::config::Quotas as QuotaConfig;
+use kairos_layer::state::is_terminal;
+
+use crate::server::config::{Quota, Quotas as QuotaConfig};
 
 /// How long unfinished-execution counts are trusted before they are read again.
 const PENDING_REFRESH_MS: i64 = 1_000;
@@ -58,69 +60,79 @@ impl Quotas {
         if q.submit_per_s == 0 && q.pending_max == 0 {
             return Ok(());
         }
-        let n_u = n as u64;
-        // Unfinished executions, read outside the lock when stale.
         if q.pending_max > 0 {
-            let stale = {
-                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                state
-                    .get(ns)
-                    .and_then(|b| b.pending_read_ms)
-                    .is_none_or(|at| now_ms - at >= PENDING_REFRESH_MS)
-            };
-            if stale {
-                let counts = sched.status_counts(ns).await.map_err(|e| (Refused::Pending, e))?;
-                let pending: i64 = counts
-                    .iter()
-                    .filter(|(s, _)| !kairos_layer::state::is_terminal(*s))
-                    .filter(|(s, _)| *s != ExecutionStatus::Unspecified)
-                    .map(|(_, n)| *n)
-                    .sum();
-                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                let b = state.entry(ns.to_string()).or_default();
-                b.pending = u64::try_from(pending).unwrap_or(0);
-                b.pending_read_ms = Some(now_ms);
-            }
+            self.refresh_pending(sched, ns, now_ms).await.map_err(|e| (Refused::Pending, e))?;
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.entry(ns.to_string()).or_default().admit(ns, &q, n, now_ms)
+    }
+
+    /// Reads the namespace's unfinished executions again if the count is stale (outside the
+    /// lock).
+    async fn refresh_pending(&self, sched: &Scheduler, ns: &str, now_ms: i64) -> ops::Result<()> {
+        let stale = {
+            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state
+                .get(ns)
+                .and_then(|b| b.pending_read_ms)
+                .is_none_or(|at| now_ms - at >= PENDING_REFRESH_MS)
+        };
+        if !stale {
+            return Ok(());
+        }
+        let counts = sched.status_counts(ns).await?;
+        let pending: i64 = counts
+            .iter()
+            .filter(|(s, _)| !is_terminal(*s) && *s != ExecutionStatus::Unspecified)
+            .map(|(_, n)| *n)
+            .sum();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let b = state.entry(ns.to_string()).or_default();
-        if q.pending_max > 0 && b.pending + n_u > q.pending_max {
-            return Err((
-                Refused::Pending,
-                ops::Error::QuotaExceeded {
-                    namespace: ns.to_string(),
-                    what: format!(
-                        "{} unfinished executions, at most {} (pending_max)",
-                        b.pending, q.pending_max
-                    ),
-                    retry_after_ms: PENDING_REFRESH_MS as u64,
-                },
-            ));
+        b.pending = u64::try_from(pending).unwrap_or(0);
+        b.pending_read_ms = Some(now_ms);
+        Ok(())
+    }
+}
+
+impl Bucket {
+    /// Takes `n` new executions of `ns` under quota `q`: the unfinished cap, then the rate.
+    fn admit(
+        &mut self,
+        ns: &str,
+        q: &Quota,
+        n: usize,
+        now_ms: i64,
+    ) -> Result<(), (Refused, ops::Error)> {
+        let n_u = n as u64;
+        if q.pending_max > 0 && self.pending + n_u > q.pending_max {
+            let what = format!(
+                "{} unfinished executions, at most {} (pending_max)",
+                self.pending, q.pending_max
+            );
+            return Err((Refused::Pending, exceeded(ns, what, PENDING_REFRESH_MS as u64)));
         }
         if q.submit_per_s > 0 {
             let rate = f64::from(q.submit_per_s);
-            if !b.started {
-                (b.tokens, b.last_ms, b.started) = (rate, now_ms, true);
+            if !self.started {
+                (self.tokens, self.last_ms, self.started) = (rate, now_ms, true);
             }
-            let elapsed = (now_ms - b.last_ms).max(0) as f64 / 1000.0;
-            b.tokens = (b.tokens + elapsed * rate).min(rate);
-            b.last_ms = now_ms;
+            let elapsed = (now_ms - self.last_ms).max(0) as f64 / 1000.0;
+            self.tokens = (self.tokens + elapsed * rate).min(rate);
+            self.last_ms = now_ms;
             // A batch larger than the bucket may borrow ahead once the bucket is full.
             let need = (n as f64).min(rate);
-            if b.tokens < need {
-                let wait_ms = ((need - b.tokens) / rate * 1000.0).ceil() as u64;
-                return Err((
-                    Refused::Rate,
-                    ops::Error::QuotaExceeded {
-                        namespace: ns.to_string(),
-                        what: format!("more than {} submissions per second", q.submit_per_s),
-                        retry_after_ms: wait_ms.max(1),
-                    },
-                ));
+            if self.tokens < need {
+                let wait_ms = ((need - self.tokens) / rate * 1000.0).ceil() as u64;
+                let what = format!("more than {} submissions per second", q.submit_per_s);
+                return Err((Refused::Rate, exceeded(ns, what, wait_ms.max(1))));
             }
-            b.tokens -= n as f64;
+            self.tokens -= n as f64;
         }
-        b.pending += n_u;
+        self.pending += n_u;
         Ok(())
     }
+}
+
+fn exceeded(ns: &str, what: String, retry_after_ms: u64) -> ops::Error {
+    ops::Error::QuotaExceeded { namespace: ns.to_string(), what, retry_after_ms }
 }

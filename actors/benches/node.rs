@@ -17,7 +17,7 @@ use kairos_actors::node::Node;
 use kairos_actors::node::WorkerPoll;
 use kairos_actors::server::config::NodeConfig;
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
-use kairos_layer::kv::embedded::EmbeddedDatabase;
+use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedStats};
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_layer::ops::worker::{Outcome, Report};
 
@@ -158,7 +158,11 @@ fn main() {
         let memory = std::env::var("KAIROS_BENCH_BACKEND").as_deref() == Ok("memory");
         let backend = if memory { "memory" } else { "embedded" };
         let db = if memory {
-            kairos_layer::kv::memory::MemoryDatabase::open(clock.clone(), Rng::seeded(1), Default::default())
+            kairos_layer::kv::memory::MemoryDatabase::open(
+                clock.clone(),
+                Rng::seeded(1),
+                Default::default(),
+            )
         } else {
             kairos_layer::kv::Database::new(Arc::new(edb), clock.clone(), Rng::seeded(1))
         };
@@ -169,52 +173,80 @@ fn main() {
         while node.owned_shards().len() < 64 {
             clock.sleep(Duration::from_millis(50)).await;
         }
-
-        // 1. Burst: all due at one instant, after submission finished.
-        let due_at = clock.now().as_millis() + 3_000 + (burst as i64 / 10);
-        let took = submit_all(&node, burst, move |_| due_at).await;
-        let submitted_at = clock.now().as_millis();
-        assert!(submitted_at < due_at, "submission took past the due instant; lower KAIROS_BENCH_BURST");
-        let (late, end) = drain(&node, &clock, burst).await;
-        let due_instant = Instant::now() - Duration::from_millis((clock.now().as_millis() - due_at) as u64);
-        let drain_s = end.duration_since(due_instant).as_secs_f64();
-        println!("## burst: {burst} executions due at one instant, {WORKERS} no-op workers (in-process, {backend})");
-        println!("| measure | value |\n|---|---|");
-        println!("| submit (batched, 1,000 per call, 4 in flight) | {:.0} executions/s |", burst as f64 / took.as_secs_f64());
-        println!("| completions/s (due instant → last completion) | {:.0} |", burst as f64 / drain_s);
-        println!("| lateness p50 / p90 / p99 / max (handler start − execute_at) | {} / {} / {} / {} ms |",
-            pct(&late, 0.5), pct(&late, 0.9), pct(&late, 0.99), late.last().copied().unwrap_or(0));
-        println!("| first handler start after due | {} ms |", late.first().copied().unwrap_or(0));
-        println!("| never before execute_at | {} |", late.first().is_none_or(|l| *l >= 0));
-
-        // 2. Lifecycle: submitted due now while the workers run.
-        let t0 = Instant::now();
-        let node2 = node.clone();
-        let clock2 = clock.clone();
-        let submitter = tokio::spawn(async move {
-            submit_all(&node2, flow, move |_| clock2.now().as_millis()).await
-        });
-        let (late2, end2) = drain(&node, &clock, flow).await;
-        submitter.await.unwrap();
-        let secs = end2.duration_since(t0).as_secs_f64();
-        println!("\n## lifecycle: {flow} executions submit → fire → claim → complete (due on submission)");
-        println!("| measure | value |\n|---|---|");
-        println!("| executions/s through the whole lifecycle | {:.0} |", flow as f64 / secs);
-        println!("| lateness p50 / p99 | {} / {} ms |", pct(&late2, 0.5), pct(&late2, 0.99));
-        println!("| mean transactions per fsync | {:.1} |", stats.transactions_per_fsync());
-        println!("| peak RSS | {:.0} MiB |", peak_rss_mib());
-        let m = node.metrics();
-        println!(
-            "| store retries: conflicts / other | {} / {} |",
-            m.store_retries_conflict.load(Ordering::Relaxed),
-            m.store_retries_other.load(Ordering::Relaxed)
-        );
+        run_burst(&node, &clock, burst, backend).await;
+        run_lifecycle(&node, &clock, flow, &stats).await;
         if std::env::var("KAIROS_BENCH_METRICS").is_ok() {
-            for l in node.metrics_text().await.lines().filter(|l| !l.starts_with('#') && !l.contains("_bucket")) {
+            for l in node
+                .metrics_text()
+                .await
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.contains("_bucket"))
+            {
                 println!("{l}");
             }
         }
         node.stop().await;
         db.close().await;
     });
+}
+
+/// 1. Burst: all due at one instant, after submission finished.
+async fn run_burst(node: &Node, clock: &SharedClock, burst: usize, backend: &str) {
+    let due_at = clock.now().as_millis() + 3_000 + (burst as i64 / 10);
+    let took = submit_all(node, burst, move |_| due_at).await;
+    let submitted_at = clock.now().as_millis();
+    assert!(
+        submitted_at < due_at,
+        "submission took past the due instant; lower KAIROS_BENCH_BURST"
+    );
+    let (late, end) = drain(node, clock, burst).await;
+    let due_instant =
+        Instant::now() - Duration::from_millis((clock.now().as_millis() - due_at) as u64);
+    let drain_s = end.duration_since(due_instant).as_secs_f64();
+    println!(
+        "## burst: {burst} executions due at one instant, {WORKERS} no-op workers (in-process, {backend})"
+    );
+    println!("| measure | value |\n|---|---|");
+    println!(
+        "| submit (batched, 1,000 per call, 4 in flight) | {:.0} executions/s |",
+        burst as f64 / took.as_secs_f64()
+    );
+    println!("| completions/s (due instant → last completion) | {:.0} |", burst as f64 / drain_s);
+    println!(
+        "| lateness p50 / p90 / p99 / max (handler start − execute_at) | {} / {} / {} / {} ms |",
+        pct(&late, 0.5),
+        pct(&late, 0.9),
+        pct(&late, 0.99),
+        late.last().copied().unwrap_or(0)
+    );
+    println!("| first handler start after due | {} ms |", late.first().copied().unwrap_or(0));
+    println!("| never before execute_at | {} |", late.first().is_none_or(|l| *l >= 0));
+}
+
+/// 2. Lifecycle: submitted due now while the workers run.
+async fn run_lifecycle(node: &Node, clock: &SharedClock, flow: usize, stats: &EmbeddedStats) {
+    let t0 = Instant::now();
+    let node2 = node.clone();
+    let clock2 = clock.clone();
+    let submitter =
+        tokio::spawn(
+            async move { submit_all(&node2, flow, move |_| clock2.now().as_millis()).await },
+        );
+    let (late2, end2) = drain(node, clock, flow).await;
+    submitter.await.unwrap();
+    let secs = end2.duration_since(t0).as_secs_f64();
+    println!(
+        "\n## lifecycle: {flow} executions submit → fire → claim → complete (due on submission)"
+    );
+    println!("| measure | value |\n|---|---|");
+    println!("| executions/s through the whole lifecycle | {:.0} |", flow as f64 / secs);
+    println!("| lateness p50 / p99 | {} / {} ms |", pct(&late2, 0.5), pct(&late2, 0.99));
+    println!("| mean transactions per fsync | {:.1} |", stats.transactions_per_fsync());
+    println!("| peak RSS | {:.0} MiB |", peak_rss_mib());
+    let m = node.metrics();
+    println!(
+        "| store retries: conflicts / other | {} / {} |",
+        m.store_retries_conflict.load(Ordering::Relaxed),
+        m.store_retries_other.load(Ordering::Relaxed)
+    );
 }

@@ -145,7 +145,19 @@ async fn grpc_mistakes_are_the_clients_not_internal() {
         .unwrap();
     let channel =
         tonic::transport::Endpoint::new(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    an_undecodable_message_is_invalid_argument(channel.clone()).await;
+    let mut executions = v1::execution_service_client::ExecutionServiceClient::new(channel.clone());
+    let mut workers = v1::worker_service_client::WorkerServiceClient::new(channel.clone());
+    oversized_values_are_refused_naming_the_field(&mut executions, &mut workers).await;
+    results_for_unclaimed_and_unknown_statuses_are_refused(&mut executions, &mut workers).await;
+    a_huge_definition_is_refused_naming_it(channel).await;
+    node.stop().await;
+}
 
+type Executions = v1::execution_service_client::ExecutionServiceClient<tonic::transport::Channel>;
+type Workers = v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel>;
+
+async fn an_undecodable_message_is_invalid_argument(channel: tonic::transport::Channel) {
     // Invalid UTF-8 where the API has a string: a message that does not decode.
     #[derive(Clone, PartialEq, prost::Message)]
     struct RawGet {
@@ -165,9 +177,12 @@ async fn grpc_mistakes_are_the_clients_not_internal() {
         .await;
     let e = r.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+}
 
-    let mut executions = v1::execution_service_client::ExecutionServiceClient::new(channel.clone());
-    let mut workers = v1::worker_service_client::WorkerServiceClient::new(channel.clone());
+async fn oversized_values_are_refused_naming_the_field(
+    executions: &mut Executions,
+    workers: &mut Workers,
+) {
     // Oversized values: refused naming the field, the message short enough for any client.
     let big = "w".repeat(100_000);
     let e = executions
@@ -197,6 +212,12 @@ async fn grpc_mistakes_are_the_clients_not_internal() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().len() < 1_000, "{}", e.message().len());
+}
+
+async fn results_for_unclaimed_and_unknown_statuses_are_refused(
+    executions: &mut Executions,
+    workers: &mut Workers,
+) {
     // A result for an execution nobody claimed: a failed precondition.
     let id = executions
         .submit(v1::SubmitRequest {
@@ -227,6 +248,9 @@ async fn grpc_mistakes_are_the_clients_not_internal() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+async fn a_huge_definition_is_refused_naming_it(channel: tonic::transport::Channel) {
     // A 200 KiB execution block: refused naming the definition, not a storage error.
     let mut defs = v1::definition_service_client::DefinitionServiceClient::new(channel);
     let huge = format!(
@@ -239,7 +263,6 @@ async fn grpc_mistakes_are_the_clients_not_internal() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().starts_with("definition"), "{}", e.message());
-    node.stop().await;
 }
 
 #[tokio::test(start_paused = true)]

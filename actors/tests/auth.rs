@@ -109,22 +109,7 @@ async fn a_key_of_one_namespace_reads_nothing_of_another() {
     let root_b = c.client(Some(&c.root), "b").await;
     root_a.register_definition(DEF).await.unwrap();
     root_b.register_definition(DEF).await.unwrap();
-    let mut b_ids = Vec::new();
-    for _ in 0..3 {
-        root_a
-            .submit("registry://jobs/job", 1)
-            .after(Duration::from_secs(3600))
-            .send()
-            .await
-            .unwrap();
-        let s = root_b
-            .submit("registry://jobs/job", 1)
-            .after(Duration::from_secs(3600))
-            .send()
-            .await
-            .unwrap();
-        b_ids.push(s.execution_id);
-    }
+    let b_ids = three_far_submits_in_each(&root_a, &root_b).await;
     let key_a = c.key("a", &["read", "submit"]).await;
     let a = c.client(Some(&key_a), "a").await;
     let page = a.list(ListExecutionsRequest { limit: 1, ..Default::default() }).await.unwrap();
@@ -147,41 +132,9 @@ async fn a_key_of_one_namespace_reads_nothing_of_another() {
     assert_eq!(code(a.nodes().await).0, Code::PermissionDenied, "cluster-wide");
     // b's execution through namespace a is simply not there.
     assert_eq!(code(a.get(&b_ids[0]).await).0, Code::NotFound);
-    // A batch: the item for b fails alone.
-    let item = |ns: &str| kairos_proto::v1::SubmitRequest {
-        namespace: ns.into(),
-        definition_uri: "registry://jobs/job".into(),
-        definition_version: 1,
-        when: Some(kairos_proto::v1::submit_request::When::DelayMs(60_000)),
-        ..Default::default()
-    };
-    let items = a.submit_batch(vec![item("a"), item("b")]).await.unwrap();
-    use kairos_proto::v1::submit_batch_item::Result as Item;
-    assert!(matches!(items[0], Item::Ok(_)), "{items:?}");
-    assert!(
-        matches!(&items[1], Item::Error(e) if e.code == Code::PermissionDenied as i32),
-        "{items:?}"
-    );
-    assert_eq!(
-        c.node.scheduler().status_counts("b").await.unwrap().iter().map(|x| x.1).sum::<i64>(),
-        3
-    );
+    a_batch_item_for_another_namespace_fails_alone(&c, &a).await;
 
-    // HTTP: the same.
-    let (s, body) = c.http("GET", "/executions?limit=1", Some(&key_a), "a", "").await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    let cursor = body["nextCursor"].as_str().unwrap().to_string();
-    let (s, body) = c.http("GET", "/executions", Some(&key_a), "b", "").await;
-    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(body["error"]["code"], "PERMISSION_DENIED");
-    let uri = format!("/executions?cursor={cursor}");
-    assert_eq!(c.http("GET", &uri, Some(&key_a), "b", "").await.0, StatusCode::FORBIDDEN);
-    let uri = format!("/executions/{}", b_ids[0]);
-    assert_eq!(c.http("GET", &uri, Some(&key_a), "b", "").await.0, StatusCode::FORBIDDEN);
-    assert_eq!(c.http("DELETE", &uri, Some(&key_a), "b", "").await.0, StatusCode::FORBIDDEN);
-    assert_eq!(c.http("GET", "/definitions", Some(&key_a), "b", "").await.0, StatusCode::FORBIDDEN);
-    assert_eq!(c.http("GET", "/cron-jobs", Some(&key_a), "b", "").await.0, StatusCode::FORBIDDEN);
-    assert_eq!(c.http("GET", &uri, Some(&key_a), "a", "").await.0, StatusCode::NOT_FOUND);
+    over_http_the_same(&c, &key_a, &b_ids[0]).await;
 }
 
 #[tokio::test]
@@ -319,28 +272,7 @@ async fn keys_are_administered_per_namespace_and_audited() {
     assert_eq!((who.namespace.as_str(), who.authentication), ("a", true));
     let limits = reader.limits().await.unwrap();
     assert_eq!(limits.retention_days, 7);
-    // HTTP key management.
-    let (s, body) = c
-        .http(
-            "POST",
-            "/admin/keys",
-            Some(&admin_a),
-            "a",
-            r#"{"namespace": "a", "scopes": ["worker"]}"#,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
-    assert!(body["token"].as_str().unwrap().starts_with("kai_"));
-    let (s, _) = c
-        .http(
-            "POST",
-            "/admin/keys",
-            Some(&admin_a),
-            "a",
-            r#"{"namespace": "b", "scopes": ["worker"]}"#,
-        )
-        .await;
-    assert_eq!(s, StatusCode::FORBIDDEN);
+    keys_are_managed_over_http_too(&c, &admin_a).await;
 }
 
 #[tokio::test]
@@ -424,4 +356,92 @@ async fn an_open_worker_stream_ends_once_its_key_is_revoked() {
     let s = end.expect("with an error");
     assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
     assert!(s.message().contains("revoked"), "{s:?}");
+}
+
+async fn three_far_submits_in_each(
+    root_a: &kairos_sdk::Client,
+    root_b: &kairos_sdk::Client,
+) -> Vec<String> {
+    let mut b_ids = Vec::new();
+    for _ in 0..3 {
+        root_a
+            .submit("registry://jobs/job", 1)
+            .after(Duration::from_secs(3600))
+            .send()
+            .await
+            .unwrap();
+        let s = root_b
+            .submit("registry://jobs/job", 1)
+            .after(Duration::from_secs(3600))
+            .send()
+            .await
+            .unwrap();
+        b_ids.push(s.execution_id);
+    }
+    b_ids
+}
+
+async fn a_batch_item_for_another_namespace_fails_alone(c: &Cluster, a: &kairos_sdk::Client) {
+    // A batch: the item for b fails alone.
+    let item = |ns: &str| kairos_proto::v1::SubmitRequest {
+        namespace: ns.into(),
+        definition_uri: "registry://jobs/job".into(),
+        definition_version: 1,
+        when: Some(kairos_proto::v1::submit_request::When::DelayMs(60_000)),
+        ..Default::default()
+    };
+    let items = a.submit_batch(vec![item("a"), item("b")]).await.unwrap();
+    use kairos_proto::v1::submit_batch_item::Result as Item;
+    assert!(matches!(items[0], Item::Ok(_)), "{items:?}");
+    assert!(
+        matches!(&items[1], Item::Error(e) if e.code == Code::PermissionDenied as i32),
+        "{items:?}"
+    );
+    assert_eq!(
+        c.node.scheduler().status_counts("b").await.unwrap().iter().map(|x| x.1).sum::<i64>(),
+        3
+    );
+}
+
+async fn over_http_the_same(c: &Cluster, key_a: &str, b_id: &str) {
+    // HTTP: the same.
+    let (s, body) = c.http("GET", "/executions?limit=1", Some(key_a), "a", "").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let cursor = body["nextCursor"].as_str().unwrap().to_string();
+    let (s, body) = c.http("GET", "/executions", Some(key_a), "b", "").await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "PERMISSION_DENIED");
+    let uri = format!("/executions?cursor={cursor}");
+    assert_eq!(c.http("GET", &uri, Some(key_a), "b", "").await.0, StatusCode::FORBIDDEN);
+    let uri = format!("/executions/{}", b_id);
+    assert_eq!(c.http("GET", &uri, Some(key_a), "b", "").await.0, StatusCode::FORBIDDEN);
+    assert_eq!(c.http("DELETE", &uri, Some(key_a), "b", "").await.0, StatusCode::FORBIDDEN);
+    assert_eq!(c.http("GET", "/definitions", Some(key_a), "b", "").await.0, StatusCode::FORBIDDEN);
+    assert_eq!(c.http("GET", "/cron-jobs", Some(key_a), "b", "").await.0, StatusCode::FORBIDDEN);
+    assert_eq!(c.http("GET", &uri, Some(key_a), "a", "").await.0, StatusCode::NOT_FOUND);
+}
+
+async fn keys_are_managed_over_http_too(c: &Cluster, admin_a: &str) {
+    // HTTP key management.
+    let (s, body) = c
+        .http(
+            "POST",
+            "/admin/keys",
+            Some(admin_a),
+            "a",
+            r#"{"namespace": "a", "scopes": ["worker"]}"#,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert!(body["token"].as_str().unwrap().starts_with("kai_"));
+    let (s, _) = c
+        .http(
+            "POST",
+            "/admin/keys",
+            Some(admin_a),
+            "a",
+            r#"{"namespace": "b", "scopes": ["worker"]}"#,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
 }

@@ -178,10 +178,9 @@ async fn send(node: &Node, c: &Call) -> (u16, String, Vec<u8>) {
     (status, ct, body)
 }
 
-/// Mutations of a good call: values of the wrong type, unknown and missing fields, odd path
-/// segments and query values.
-fn mutate(rng: &Rng, good: &Call, body_schema: Option<&Value>, spec: &Value) -> Call {
-    let odd_strings = [
+/// Strings a client might send where a string is expected.
+fn odd_strings() -> [String; 8] {
+    [
         String::new(),
         " ".into(),
         "é✓".into(),
@@ -190,9 +189,16 @@ fn mutate(rng: &Rng, good: &Call, body_schema: Option<&Value>, spec: &Value) -> 
         "%00".into(),
         "-1".into(),
         "99999999999999999999".into(),
-    ];
-    let odd_values =
-        [json!(null), json!(-1), json!("x"), json!([1]), json!({"a": 1}), json!(1.5), json!(true)];
+    ]
+}
+
+fn pick<T: Clone>(rng: &Rng, from: &[T]) -> T {
+    from[rng.below(from.len() as u64) as usize].clone()
+}
+
+/// Mutations of a good call: values of the wrong type, unknown and missing fields, odd path
+/// segments and query values.
+fn mutate(rng: &Rng, good: &Call, body_schema: Option<&Value>, spec: &Value) -> Call {
     let mut c = good.clone();
     match rng.below(4) {
         // A path parameter replaced (any string is a valid path parameter).
@@ -205,12 +211,8 @@ fn mutate(rng: &Rng, good: &Call, body_schema: Option<&Value>, spec: &Value) -> 
                 .map(|(i, _)| i)
                 .collect();
             let mut segs: Vec<String> = c.path.split('/').map(str::to_string).collect();
-            let i = params[rng.below(params.len() as u64) as usize];
-            let mut odd = odd_strings[rng.below(odd_strings.len() as u64) as usize].clone();
-            if odd.is_empty() {
-                odd = "e".into();
-            }
-            segs[i] = enc(&odd);
+            let odd = pick(rng, &odd_strings());
+            segs[pick(rng, &params)] = enc(if odd.is_empty() { "e" } else { &odd });
             c.path = segs.join("/");
         }
         // A query value replaced or an unknown parameter added (the server may refuse either;
@@ -218,58 +220,66 @@ fn mutate(rng: &Rng, good: &Call, body_schema: Option<&Value>, spec: &Value) -> 
         0 | 1 => {
             if !c.query.is_empty() && rng.chance(0.7) {
                 let i = rng.below(c.query.len() as u64) as usize;
-                c.query[i].1 = odd_strings[rng.below(odd_strings.len() as u64) as usize].clone();
+                c.query[i].1 = pick(rng, &odd_strings());
             } else {
                 c.query.push(("bogus".into(), "1".into()));
             }
         }
         // A body field of the wrong type, unknown, or missing.
-        _ => {
-            let Some(body) = c.body.clone() else {
-                c.query.push(("bogus".into(), "1".into()));
-                return c;
-            };
-            let mut v: Value = serde_json::from_str(&body).unwrap_or(json!({}));
-            let Some(obj) = v.as_object_mut() else { return c };
-            let keys: Vec<String> = obj.keys().cloned().collect();
-            match rng.below(3) {
-                0 if !keys.is_empty() => {
-                    let k = &keys[rng.below(keys.len() as u64) as usize];
-                    let new = odd_values[rng.below(odd_values.len() as u64) as usize].clone();
-                    let schema = body_schema.map(|s| resolve(spec, s));
-                    let required = schema.is_some_and(|s| {
-                        s["required"].as_array().is_some_and(|r| r.contains(&json!(k)))
-                    });
-                    // null for an optional field is the field left out (as the API documents).
-                    let fits = (new.is_null() && !required)
-                        || schema
-                            .map(|s| validate(spec, &s["properties"][k.as_str()], &new, k).is_ok())
-                            .unwrap_or(true);
-                    obj.insert(k.clone(), new);
-                    c.invalid |= !fits;
-                }
-                1 if !keys.is_empty() => {
-                    let k = &keys[rng.below(keys.len() as u64) as usize];
-                    obj.remove(k);
-                    let required = body_schema
-                        .map(|s| {
-                            resolve(spec, s)["required"].as_array().cloned().unwrap_or_default()
-                        })
-                        .unwrap_or_default();
-                    c.invalid |= required.contains(&json!(k));
-                }
-                _ => {
-                    obj.insert("bogusField".into(), json!(1));
-                    let closed = body_schema
-                        .map(|s| resolve(spec, s)["additionalProperties"] == json!(false))
-                        .unwrap_or(false);
-                    c.invalid |= closed;
-                }
-            }
-            c.body = Some(v.to_string());
-        }
+        _ => mutate_body(rng, &mut c, body_schema, spec),
     }
     c
+}
+
+/// A body field of the wrong type, unknown, or missing (an unknown parameter when no body).
+fn mutate_body(rng: &Rng, c: &mut Call, body_schema: Option<&Value>, spec: &Value) {
+    let Some(body) = c.body.clone() else {
+        c.query.push(("bogus".into(), "1".into()));
+        return;
+    };
+    let mut v: Value = serde_json::from_str(&body).unwrap_or(json!({}));
+    let Some(obj) = v.as_object_mut() else { return };
+    let keys: Vec<String> = obj.keys().cloned().collect();
+    let schema = body_schema.map(|s| resolve(spec, s));
+    let required = |k: &str| {
+        schema
+            .as_ref()
+            .is_some_and(|s| s["required"].as_array().is_some_and(|r| r.contains(&json!(k))))
+    };
+    match rng.below(3) {
+        0 if !keys.is_empty() => {
+            let odd_values = [
+                json!(null),
+                json!(-1),
+                json!("x"),
+                json!([1]),
+                json!({"a": 1}),
+                json!(1.5),
+                json!(true),
+            ];
+            let k = pick(rng, &keys);
+            let new = pick(rng, &odd_values);
+            // null for an optional field is the field left out (as the API documents).
+            let fits = (new.is_null() && !required(&k))
+                || schema
+                    .as_ref()
+                    .map(|s| validate(spec, &s["properties"][k.as_str()], &new, &k).is_ok())
+                    .unwrap_or(true);
+            obj.insert(k, new);
+            c.invalid |= !fits;
+        }
+        1 if !keys.is_empty() => {
+            let k = pick(rng, &keys);
+            obj.remove(&k);
+            c.invalid |= required(&k);
+        }
+        _ => {
+            obj.insert("bogusField".into(), json!(1));
+            let closed = schema.as_ref().is_some_and(|s| s["additionalProperties"] == json!(false));
+            c.invalid |= closed;
+        }
+    }
+    c.body = Some(v.to_string());
 }
 
 #[tokio::test(start_paused = true)]
@@ -285,14 +295,127 @@ async fn every_answer_is_one_the_description_gives() {
         ..NodeConfig::default()
     };
     let node = Node::start(config, db, clock, Rng::seeded(2)).await.unwrap();
+    let calls = calls(&node).await;
+    every_described_operation_is_called(&spec, &calls);
+    let rng = Rng::seeded(0x0A9E_4A91);
+    let mut succeeded: BTreeMap<String, u32> = BTreeMap::new();
+    let mut seen: BTreeMap<u16, u32> = BTreeMap::new();
+    // (operation, status, kind) → one example: every kind of mismatch reported at once.
+    let mut wrong = Mismatches::default();
+    for good in &calls {
+        let op = &spec["paths"][good.template][good.method.to_lowercase()];
+        assert!(op.is_object(), "{} {} is not described", good.method, good.template);
+        let body_schema = op["requestBody"]["content"]["application/json"].get("schema");
+        let mut tries = vec![good.clone()];
+        tries.extend((0..MUTATIONS).map(|_| mutate(&rng, good, body_schema, &spec)));
+        for c in tries {
+            let answer = send(&node, &c).await;
+            let status = answer.0;
+            *seen.entry(status).or_default() += 1;
+            if check_answer(&spec, op, &c, answer, &mut wrong) && (200..300).contains(&status) {
+                *succeeded.entry(format!("{} {}", c.method, c.template)).or_default() += 1;
+            }
+        }
+    }
+    let report: Vec<String> =
+        wrong.0.iter().map(|((op, st, kind), ex)| format!("{op} {st}: {kind}\n    {ex}")).collect();
+    assert!(report.is_empty(), "{} mismatches:\n{}", report.len(), report.join("\n"));
+    for c in &calls {
+        let key = format!("{} {}", c.method, c.template);
+        assert!(succeeded.contains_key(&key), "{key} never succeeded");
+    }
+    eprintln!("statuses seen: {seen:?}");
+    node.stop().await;
+}
 
+/// Mismatches between answers and the description: (operation, status, kind) → an example.
+#[derive(Default)]
+struct Mismatches(BTreeMap<(String, u16, &'static str), String>);
+
+/// Checks one answer against the operation's description.
+/// Whether the status is documented at all.
+fn check_answer(
+    spec: &Value,
+    op: &Value,
+    c: &Call,
+    answer: (u16, String, Vec<u8>),
+    wrong: &mut Mismatches,
+) -> bool {
+    let (status, ct, body) = answer;
+    let what = format!(
+        "{} {} {} → {status}: {}",
+        c.method,
+        c.uri(),
+        c.body.as_deref().unwrap_or_default(),
+        String::from_utf8_lossy(&body)
+    );
+    let op_name = format!("{} {}", c.method, c.template);
+    let mut fail = |kind: &'static str, detail: String| {
+        wrong.0.entry((op_name.clone(), status, kind)).or_insert(detail);
+    };
+    let documented = &op["responses"][status.to_string()];
+    if !documented.is_object() {
+        fail("undocumented status", what.clone());
+        return false;
+    }
+    if status >= 500 {
+        fail("server error", what.clone());
+    }
+    if c.invalid && status < 400 {
+        fail("accepted a request against the description", what.clone());
+    }
+    let documented = resolve(spec, documented);
+    if let Some(schema) = documented["content"]["application/json"].get("schema") {
+        match serde_json::from_slice::<Value>(&body) {
+            Err(e) => fail("not JSON", format!("{e}: {what}")),
+            Ok(v) => {
+                if let Err(e) = validate(spec, schema, &v, "body") {
+                    fail("body does not match its schema", format!("{e}\n{what}"));
+                }
+            }
+        }
+        if !ct.starts_with("application/json") {
+            fail("content type not JSON", what.clone());
+        }
+    } else if status >= 400 {
+        // Every error has the error shape, documented or not.
+        let err = &spec["components"]["schemas"]["Error"];
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) if validate(spec, err, &v, "body").is_ok() => {}
+            _ => fail("error not in the error shape", what.clone()),
+        }
+    }
+    true
+}
+
+/// Every operation of the description is among the calls.
+fn every_described_operation_is_called(spec: &Value, calls: &[Call]) {
+    let described: Vec<(String, String)> = spec["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object().unwrap().keys().map(move |m| (m.to_uppercase(), p.clone()))
+        })
+        .collect();
+    for (m, p) in &described {
+        assert!(
+            calls.iter().any(|c| c.method == m && c.template == p),
+            "{m} {p} is described but not called"
+        );
+    }
+}
+
+/// The fixtures (a definition, executions, a cron job, a FAILED execution, a key), and one good
+/// call of every operation.
+async fn calls(node: &Node) -> Vec<Call> {
     // Fixtures: a definition, executions, a cron job.
     let def_call = Call::new("POST", "/definitions", "/definitions").raw_body(DEF);
-    assert_eq!(send(&node, &def_call).await.0, 201);
+    assert_eq!(send(node, &def_call).await.0, 201);
     let submit = json!({"definitionUri": "registry://jobs/echo", "definitionVersion": 1,
         "inputs": {"name": "x"}, "executeAt": "2028-08-13T02:00:00Z"});
     let (s, _, b) =
-        send(&node, &Call::new("POST", "/executions", "/executions").body(submit.clone())).await;
+        send(node, &Call::new("POST", "/executions", "/executions").body(submit.clone())).await;
     assert_eq!(s, 201);
     let exec: Value = serde_json::from_slice(&b).unwrap();
     let id = exec["executionId"].as_str().unwrap().to_string();
@@ -300,54 +423,14 @@ async fn every_answer_is_one_the_description_gives() {
         "definitionVersion": 1, "inputs": {"name": "x"}, "expression": "0 2 * * *",
         "timezone": "Europe/Berlin"});
     let (s, _, b) =
-        send(&node, &Call::new("POST", "/cron-jobs", "/cron-jobs").body(cron.clone())).await;
+        send(node, &Call::new("POST", "/cron-jobs", "/cron-jobs").body(cron.clone())).await;
     assert_eq!(s, 201, "{}", String::from_utf8_lossy(&b));
-
-    // A FAILED execution, for replay.
-    let now = json!({"definitionUri": "registry://jobs/echo", "definitionVersion": 1,
-        "inputs": {"name": "x"}, "delayMs": 0});
-    let (s, _, b) = send(&node, &Call::new("POST", "/executions", "/executions").body(now)).await;
-    assert_eq!(s, 201);
-    let failed: Value = serde_json::from_slice(&b).unwrap();
-    let failed = failed["executionId"].as_str().unwrap().to_string();
-    let claimed = loop {
-        let c = node
-            .scheduler()
-            .claim(
-                "default",
-                "echo",
-                &[kairos_layer::ops::claim::ClaimSlot {
-                    worker_id: "w1".into(),
-                    max: 1,
-                    lease_ms: None,
-                }],
-            )
-            .await
-            .map(|mut o| o.per_slot.remove(0))
-            .unwrap();
-        if let Some(c) = c.into_iter().next() {
-            break c;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
-    let no_retry = kairos_proto::storage::v1::ExecutionError {
-        message: "boom".into(),
-        retryable: false,
-        code: String::new(),
-    };
-    let failure = kairos_layer::ops::worker::Report {
-        namespace: "default".into(),
-        execution_id: failed.clone(),
-        token: claimed.attempt.fencing_token,
-        outcome: kairos_layer::ops::worker::Outcome::Failure(no_retry),
-        worker_id: None,
-    };
-    node.report(vec![Ok(failure)]).await.unwrap().pop().unwrap().unwrap();
+    let failed = a_failed_execution(node).await;
     let key =
         node.scheduler().create_api_key("default", &["read".into()], "k", "test").await.unwrap();
     let revoke = format!("/admin/keys/{}", key.key.id);
     let e = format!("/executions/{id}");
-    let calls = vec![
+    vec![
         Call::new("POST", "/executions", "/executions").body(submit.clone()),
         Call::new("GET", "/executions", "/executions")
             .query("limit", "10")
@@ -387,92 +470,49 @@ async fn every_answer_is_one_the_description_gives() {
             .body(json!({"namespace": "default", "scopes": ["read"], "name": "t"})),
         Call::new("GET", "/admin/keys", "/admin/keys"),
         Call::new("DELETE", "/admin/keys/{keyId}", &revoke),
-    ];
-    // Every operation of the description is called.
-    let described: Vec<(String, String)> = spec["paths"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .flat_map(|(p, ops)| {
-            ops.as_object().unwrap().keys().map(move |m| (m.to_uppercase(), p.clone()))
-        })
-        .collect();
-    for (m, p) in &described {
-        assert!(
-            calls.iter().any(|c| c.method == m && c.template == p),
-            "{m} {p} is described but not called"
-        );
-    }
+    ]
+}
 
-    let rng = Rng::seeded(0x0A9E_4A91);
-    let mut succeeded: BTreeMap<String, u32> = BTreeMap::new();
-    let mut seen: BTreeMap<u16, u32> = BTreeMap::new();
-    // (operation, status, kind) → one example: every kind of mismatch reported at once.
-    let mut wrong: BTreeMap<(String, u16, &str), String> = BTreeMap::new();
-    for good in &calls {
-        let op = &spec["paths"][good.template][good.method.to_lowercase()];
-        assert!(op.is_object(), "{} {} is not described", good.method, good.template);
-        let body_schema = op["requestBody"]["content"]["application/json"].get("schema");
-        let mut tries = vec![good.clone()];
-        tries.extend((0..MUTATIONS).map(|_| mutate(&rng, good, body_schema, &spec)));
-        for c in tries {
-            let (status, ct, body) = send(&node, &c).await;
-            *seen.entry(status).or_default() += 1;
-            let what = format!(
-                "{} {} {} → {status}: {}",
-                c.method,
-                c.uri(),
-                c.body.as_deref().unwrap_or_default(),
-                String::from_utf8_lossy(&body)
-            );
-            let op_name = format!("{} {}", c.method, c.template);
-            let mut fail = |kind: &'static str, detail: String| {
-                wrong.entry((op_name.clone(), status, kind)).or_insert(detail);
-            };
-            let documented = &op["responses"][status.to_string()];
-            if !documented.is_object() {
-                fail("undocumented status", what.clone());
-                continue;
-            }
-            if status >= 500 {
-                fail("server error", what.clone());
-            }
-            if c.invalid && status < 400 {
-                fail("accepted a request against the description", what.clone());
-            }
-            if (200..300).contains(&status) {
-                *succeeded.entry(op_name.clone()).or_default() += 1;
-            }
-            let documented = resolve(&spec, documented);
-            if let Some(schema) = documented["content"]["application/json"].get("schema") {
-                match serde_json::from_slice::<Value>(&body) {
-                    Err(e) => fail("not JSON", format!("{e}: {what}")),
-                    Ok(v) => {
-                        if let Err(e) = validate(&spec, schema, &v, "body") {
-                            fail("body does not match its schema", format!("{e}\n{what}"));
-                        }
-                    }
-                }
-                if !ct.starts_with("application/json") {
-                    fail("content type not JSON", what.clone());
-                }
-            } else if status >= 400 {
-                // Every error has the error shape, documented or not.
-                let err = &spec["components"]["schemas"]["Error"];
-                match serde_json::from_slice::<Value>(&body) {
-                    Ok(v) if validate(&spec, err, &v, "body").is_ok() => {}
-                    _ => fail("error not in the error shape", what.clone()),
-                }
-            }
+/// A FAILED execution, for replay.
+async fn a_failed_execution(node: &Node) -> String {
+    let now = json!({"definitionUri": "registry://jobs/echo", "definitionVersion": 1,
+        "inputs": {"name": "x"}, "delayMs": 0});
+    let (s, _, b) = send(node, &Call::new("POST", "/executions", "/executions").body(now)).await;
+    assert_eq!(s, 201);
+    let failed: Value = serde_json::from_slice(&b).unwrap();
+    let failed = failed["executionId"].as_str().unwrap().to_string();
+    let claimed = loop {
+        let c = node
+            .scheduler()
+            .claim(
+                "default",
+                "echo",
+                &[kairos_layer::ops::claim::ClaimSlot {
+                    worker_id: "w1".into(),
+                    max: 1,
+                    lease_ms: None,
+                }],
+            )
+            .await
+            .map(|mut o| o.per_slot.remove(0))
+            .unwrap();
+        if let Some(c) = c.into_iter().next() {
+            break c;
         }
-    }
-    let report: Vec<String> =
-        wrong.iter().map(|((op, st, kind), ex)| format!("{op} {st}: {kind}\n    {ex}")).collect();
-    assert!(report.is_empty(), "{} mismatches:\n{}", report.len(), report.join("\n"));
-    for c in &calls {
-        let key = format!("{} {}", c.method, c.template);
-        assert!(succeeded.contains_key(&key), "{key} never succeeded");
-    }
-    eprintln!("statuses seen: {seen:?}");
-    node.stop().await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let no_retry = kairos_proto::storage::v1::ExecutionError {
+        message: "boom".into(),
+        retryable: false,
+        code: String::new(),
+    };
+    let failure = kairos_layer::ops::worker::Report {
+        namespace: "default".into(),
+        execution_id: failed.clone(),
+        token: claimed.attempt.fencing_token,
+        outcome: kairos_layer::ops::worker::Outcome::Failure(no_retry),
+        worker_id: None,
+    };
+    node.report(vec![Ok(failure)]).await.unwrap().pop().unwrap().unwrap();
+    failed
 }

@@ -11,8 +11,7 @@ fn ks() -> Keyspace {
 #[test]
 fn every_key_the_layout_writes_passes_the_layout_check() {
     let ks = ks();
-    let timer =
-        TimerKey { bucket: 3, shard: 1, fire_at_ms: 10, execution_id: "e".into(), kind: 1 };
+    let timer = TimerKey { bucket: 3, shard: 1, fire_at_ms: 10, execution_id: "e".into(), kind: 1 };
     let ready = ReadyKey {
         namespace: "ns".into(),
         queue: "q".into(),
@@ -20,8 +19,7 @@ fn every_key_the_layout_writes_passes_the_layout_check() {
         ready_at_ms: 5,
         execution_id: "e".into(),
     };
-    let cron_timer =
-        CronTimerKey { bucket: 1, shard: 2, fire_at_ms: 3, cron_job_id: "c".into() };
+    let cron_timer = CronTimerKey { bucket: 1, shard: 2, fire_at_ms: 3, cron_job_id: "c".into() };
     let keys = [
         (Tag::Cluster, ks.cluster()),
         (Tag::Execution, ks.execution("ns", "e")),
@@ -71,13 +69,8 @@ fn subspaces_are_disjoint_and_ordered_by_tag() {
     let expected: Vec<i64> = (1..=values.len() as i64).collect();
     assert_eq!(values, expected, "tags in use and retired ones cover 1..=n, never reused");
     // Every key builder lands inside its own subspace.
-    let timer = TimerKey {
-        bucket: 5,
-        shard: 3,
-        fire_at_ms: 300_000,
-        execution_id: "E".into(),
-        kind: 1,
-    };
+    let timer =
+        TimerKey { bucket: 5, shard: 3, fire_at_ms: 300_000, execution_id: "E".into(), kind: 1 };
     let samples: Vec<(Tag, Vec<u8>)> = vec![
         (Tag::Cluster, ks.cluster()),
         (Tag::Execution, ks.execution("ns", "E")),
@@ -196,8 +189,6 @@ fn ready_and_index_keys_round_trip() {
     assert_eq!((status, partition), (5, 2));
 }
 
-
-
 #[test]
 fn cron_timer_keys_are_bijective_and_order_preserving() {
     let ks = Keyspace::new("test");
@@ -227,10 +218,7 @@ fn cron_timer_keys_are_bijective_and_order_preserving() {
         });
         assert_eq!(r.begin <= k && k < r.end, inside, "fire_at {at}");
     }
-    assert_eq!(
-        ks.parse_cron_job(&ks.cron_job("ns", "C1")).unwrap(),
-        ("ns".into(), "C1".into())
-    );
+    assert_eq!(ks.parse_cron_job(&ks.cron_job("ns", "C1")).unwrap(), ("ns".into(), "C1".into()));
 }
 
 #[test]

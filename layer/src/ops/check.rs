@@ -7,11 +7,12 @@
 //! as inconsistent). The storage engine's own check (pages, checksums, allocator state) is the
 //! backend's ([`crate::kv::embedded::check_file`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use kairos_proto::storage::v1::{
-    Attempt, ClusterConfig, CronJob, CronTimerEntry, Execution, ExecutionStatus, IdempotencyRecord,
-    JobDefinition, NodeRecord, PartitionExpiry, PartitionOwner, QuarantineRecord, TimerEntry,
+    ApiKey, Attempt, AuditRecord, ClusterConfig, CronJob, CronTimerEntry, Execution,
+    ExecutionStatus, IdempotencyRecord, JobDefinition, NodeRecord, PartitionExpiry, PartitionOwner,
+    QuarantineRecord, TimerEntry,
 };
 use prost::Message;
 
@@ -19,6 +20,7 @@ use super::error::Result;
 use crate::keys::{Keyspace, Tag};
 use crate::kv::limits::key_after;
 use crate::kv::{Database, RangeOption};
+use crate::state::status_name;
 
 /// Keys read per transaction.
 pub const CHECK_PAGE: usize = 2_000;
@@ -77,20 +79,7 @@ pub async fn check_records(
     ks: &Keyspace,
     mut progress: impl FnMut(u64),
 ) -> Result<CheckReport> {
-    let mut report = CheckReport::default();
-    let mut executions: HashMap<(String, String), Seen> = HashMap::new();
-    // Executions whose key parses but whose record does not: what refers to them is not
-    // reported again.
-    let mut unreadable: HashSet<(String, String)> = HashSet::new();
-    let mut cron_jobs: HashSet<(String, String)> = HashSet::new();
-    let mut counted: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    // References checked once every record is known: (key, namespace, id, what).
-    let mut refs: Vec<(Vec<u8>, String, String, &'static str)> = Vec::new();
-    // What executions need to be picked up again (a READY one's ready-queue entry, a waiting
-    // one's timer), and what the scan found of those: a missing one strands the execution.
-    let mut needed: Vec<(Vec<u8>, String)> = Vec::new();
-    let mut present: HashSet<Vec<u8>> = HashSet::new();
-    let mut ready_partitions = 1u32;
+    let mut scan = Scan { ready_partitions: 1, ..Scan::default() };
     let all = ks.cluster_range();
     let mut begin = all.begin.clone();
     loop {
@@ -98,112 +87,126 @@ pub async fn check_records(
         let page = &page;
         let rows = db.run(|tx| async move { tx.get_range(page, true).await }).await?;
         for kv in &rows {
-            report.keys += 1;
-            let (key, value) = (&kv.key[..], &kv.value[..]);
-            let Some(tag) = ks.tag_of(key) else {
-                report.found(key, "a key in no subspace in use");
-                continue;
-            };
-            *report.per_subspace.entry(format!("{tag:?}")).or_default() += 1;
-            if let Err(e) = ks.check_layout(tag, key) {
-                report.found(key, e.to_string());
-                continue;
-            }
-            if matches!(tag, Tag::Ready | Tag::Timer) {
-                present.insert(key.to_vec());
-            }
-            if tag == Tag::Cluster
-                && let Ok(c) = ClusterConfig::decode(value)
-            {
-                ready_partitions = c.ready_partitions.max(1);
-            }
-            if tag == Tag::Execution
-                && let Ok(e) = Execution::decode(value)
-            {
-                needed.extend(pickup_keys(ks, &e, ready_partitions));
-            }
-            check_value(
-                ks,
-                tag,
-                key,
-                value,
-                &mut report,
-                &mut Refs {
-                    executions: &mut executions,
-                    unreadable: &mut unreadable,
-                    cron_jobs: &mut cron_jobs,
-                    counted: &mut counted,
-                    refs: &mut refs,
-                },
-            );
+            scan.row(ks, &kv.key, &kv.value);
         }
-        progress(report.keys);
+        progress(scan.report.keys);
         match rows.last() {
             Some(last) if rows.len() == CHECK_PAGE => begin = key_after(&last.key),
             _ => break,
         }
     }
-    for (key, ns, id, what) in refs {
-        if unreadable.contains(&(ns.clone(), id.clone())) {
-            continue; // its damage is reported once, on its record
-        }
-        let missing = match what {
-            "cron job" => !cron_jobs.contains(&(ns, id.clone())),
-            _ => !executions.contains_key(&(ns, id.clone())),
-        };
-        if missing {
-            report.found(&key, format!("refers to {what} {id:?}, which does not exist"));
-        }
-    }
-    for (key, what) in needed {
-        if !present.contains(&key) {
-            report.found(&key, what);
-        }
-    }
+    scan.check_references();
     // Index entries, checked against the executions they name.
-    let indexed = report.per_subspace.keys().any(|s| s.starts_with("By"));
-    if indexed {
-        check_indexes(db, ks, &executions, &unreadable, &mut report).await?;
+    if scan.report.per_subspace.keys().any(|s| s.starts_with("By")) {
+        check_indexes(db, ks, &scan.r.executions, &scan.r.unreadable, &mut scan.report).await?;
     }
-    let mut actual: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    for ((ns, _), e) in &executions {
-        *actual.entry((ns.clone(), e.status)).or_default() += 1;
+    scan.check_counts(ks);
+    Ok(scan.report)
+}
+
+/// What a check has seen so far.
+#[derive(Default)]
+struct Scan {
+    report: CheckReport,
+    r: Refs,
+    /// What executions need to be picked up again (a READY one's ready-queue entry, a waiting
+    /// one's timer), and what the scan found of those: a missing one strands the execution.
+    needed: Vec<(Vec<u8>, String)>,
+    present: HashSet<Vec<u8>>,
+    ready_partitions: u32,
+}
+
+impl Scan {
+    /// One record: its layout, its value, what it refers to and what it needs.
+    fn row(&mut self, ks: &Keyspace, key: &[u8], value: &[u8]) {
+        self.report.keys += 1;
+        let Some(tag) = ks.tag_of(key) else {
+            self.report.found(key, "a key in no subspace in use");
+            return;
+        };
+        *self.report.per_subspace.entry(format!("{tag:?}")).or_default() += 1;
+        if let Err(e) = ks.check_layout(tag, key) {
+            self.report.found(key, e.to_string());
+            return;
+        }
+        if matches!(tag, Tag::Ready | Tag::Timer) {
+            self.present.insert(key.to_vec());
+        }
+        if tag == Tag::Cluster
+            && let Ok(c) = ClusterConfig::decode(value)
+        {
+            self.ready_partitions = c.ready_partitions.max(1);
+        }
+        if tag == Tag::Execution
+            && let Ok(e) = Execution::decode(value)
+        {
+            self.needed.extend(pickup_keys(ks, &e, self.ready_partitions));
+        }
+        check_value(ks, tag, key, value, &mut self.report, &mut self.r);
     }
-    let statuses: HashSet<_> = actual.keys().chain(counted.keys()).cloned().collect();
-    let mut statuses: Vec<_> = statuses.into_iter().collect();
-    statuses.sort();
-    for (ns, status) in statuses {
-        let (want, have) = (
-            actual.get(&(ns.clone(), status)).copied().unwrap_or(0),
-            counted.get(&(ns.clone(), status)).copied().unwrap_or(0),
-        );
-        if want != have {
-            let name = ExecutionStatus::try_from(status).map_or_else(
-                |_| status.to_string(),
-                |s| s.as_str_name().trim_start_matches("EXECUTION_STATUS_").to_string(),
-            );
-            let unread = match unreadable.len() {
+
+    /// References to executions and cron jobs that do not exist, and missing pickup keys.
+    fn check_references(&mut self) {
+        for (key, ns, id, what) in std::mem::take(&mut self.r.refs) {
+            if self.r.unreadable.contains(&(ns.clone(), id.clone())) {
+                continue; // its damage is reported once, on its record
+            }
+            let missing = match what {
+                "cron job" => !self.r.cron_jobs.contains(&(ns, id.clone())),
+                _ => !self.r.executions.contains_key(&(ns, id.clone())),
+            };
+            if missing {
+                self.report.found(&key, format!("refers to {what} {id:?}, which does not exist"));
+            }
+        }
+        for (key, what) in std::mem::take(&mut self.needed) {
+            if !self.present.contains(&key) {
+                self.report.found(&key, what);
+            }
+        }
+    }
+
+    /// Status counts against the executions read.
+    fn check_counts(&mut self, ks: &Keyspace) {
+        let mut actual: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        for ((ns, _), e) in &self.r.executions {
+            *actual.entry((ns.clone(), e.status)).or_default() += 1;
+        }
+        let counted = &self.r.counted;
+        let statuses: BTreeSet<_> = actual.keys().chain(counted.keys()).cloned().collect();
+        for (ns, status) in statuses {
+            let want = actual.get(&(ns.clone(), status)).copied().unwrap_or(0);
+            let have = counted.get(&(ns.clone(), status)).copied().unwrap_or(0);
+            if want == have {
+                continue;
+            }
+            let unread = match self.r.unreadable.len() {
                 0 => String::new(),
                 n => format!(" ({n} execution records could not be read)"),
             };
-            report.found(
+            self.report.found(
                 &ks.status_count(&ns, status, 0),
                 format!(
-                    "status count of {name} in namespace {ns:?} is {have}, but {want} readable \
-                     executions have that status{unread}"
+                    "status count of {} in namespace {ns:?} is {have}, but {want} readable \
+                     executions have that status{unread}",
+                    status_name(status)
                 ),
             );
         }
     }
-    Ok(report)
 }
 
-struct Refs<'a> {
-    executions: &'a mut HashMap<(String, String), Seen>,
-    unreadable: &'a mut HashSet<(String, String)>,
-    cron_jobs: &'a mut HashSet<(String, String)>,
-    counted: &'a mut BTreeMap<(String, i32), i64>,
-    refs: &'a mut Vec<(Vec<u8>, String, String, &'static str)>,
+/// What records refer to, and what is known of the executions and cron jobs they may name.
+#[derive(Default)]
+struct Refs {
+    executions: HashMap<(String, String), Seen>,
+    /// Executions whose key parses but whose record does not: what refers to them is not
+    /// reported again.
+    unreadable: HashSet<(String, String)>,
+    cron_jobs: HashSet<(String, String)>,
+    counted: BTreeMap<(String, i32), i64>,
+    /// References checked once every record is known: (key, namespace, id, what).
+    refs: Vec<(Vec<u8>, String, String, &'static str)>,
 }
 
 fn decodes<M: Message + Default>(
@@ -227,37 +230,12 @@ fn check_value(
     key: &[u8],
     value: &[u8],
     report: &mut CheckReport,
-    r: &mut Refs<'_>,
+    r: &mut Refs,
 ) {
     // Layouts were checked: the parses below succeed.
     match tag {
         Tag::Cluster => drop(decodes::<ClusterConfig>(report, key, "cluster", value)),
-        Tag::Execution => {
-            let Ok((ns, _, id)) = ks.parse_execution(key) else { return };
-            let Some(e) = decodes::<Execution>(report, key, "execution", value) else {
-                r.unreadable.insert((ns, id));
-                return;
-            };
-            if e.namespace != ns || e.id != id {
-                report.found(
-                    key,
-                    format!(
-                        "the record is execution {:?} in {:?}, not its key's",
-                        e.id, e.namespace
-                    ),
-                );
-                return;
-            }
-            report.executions += 1;
-            r.executions.insert(
-                (ns, id),
-                Seen {
-                    status: e.status,
-                    execute_at_ms: e.execute_at_ms,
-                    definition: e.definition_name,
-                },
-            );
-        }
+        Tag::Execution => check_execution(ks, key, value, report, r),
         Tag::Attempt => {
             let Ok((ns, id, _)) = ks.parse_attempt(key) else { return };
             if decodes::<Attempt>(report, key, "attempt", value).is_some() {
@@ -286,19 +264,7 @@ fn check_value(
             *r.counted.entry((ns, status)).or_default() += crate::kv::decode_i64(Some(value));
         }
         Tag::Node => drop(decodes::<NodeRecord>(report, key, "node", value)),
-        Tag::CronJob => {
-            let Ok((ns, id)) = ks.parse_cron_job(key) else { return };
-            if let Some(j) = decodes::<CronJob>(report, key, "cron job", value) {
-                if j.id != id || j.namespace != ns {
-                    report.found(
-                        key,
-                        format!("the record is cron job {:?} in {:?}", j.id, j.namespace),
-                    );
-                } else {
-                    r.cron_jobs.insert((ns, id));
-                }
-            }
-        }
+        Tag::CronJob => check_cron_job(ks, key, value, report, r),
         Tag::CronTimer => {
             let Ok(t) = ks.parse_cron_timer(key) else { return };
             if let Some(entry) = decodes::<CronTimerEntry>(report, key, "cron timer", value) {
@@ -319,16 +285,12 @@ fn check_value(
         Tag::Quarantine => drop(decodes::<QuarantineRecord>(report, key, "quarantine", value)),
         Tag::ApiKey => {
             let Ok(id) = ks.parse_api_key(key) else { return };
-            if let Some(k) =
-                decodes::<kairos_proto::storage::v1::ApiKey>(report, key, "api key", value)
-                && k.id != id
-            {
+            let k = decodes::<ApiKey>(report, key, "api key", value);
+            if let Some(k) = k.filter(|k| k.id != id) {
                 report.found(key, format!("the record is API key {:?}", k.id));
             }
         }
-        Tag::Audit => {
-            drop(decodes::<kairos_proto::storage::v1::AuditRecord>(report, key, "audit", value))
-        }
+        Tag::Audit => drop(decodes::<AuditRecord>(report, key, "audit", value)),
         // Indexes are checked against the executions afterwards; receipts are opaque and
         // short-lived; watermarks and counters were checked for their size.
         Tag::ByStatus
@@ -338,6 +300,45 @@ fn check_value(
         | Tag::Watermark
         | Tag::CronWatermark
         | Tag::ReadySignal => {}
+    }
+}
+
+/// An execution record: it decodes and is the one its key names.
+fn check_execution(
+    ks: &Keyspace,
+    key: &[u8],
+    value: &[u8],
+    report: &mut CheckReport,
+    r: &mut Refs,
+) {
+    let Ok((ns, _, id)) = ks.parse_execution(key) else { return };
+    let Some(e) = decodes::<Execution>(report, key, "execution", value) else {
+        r.unreadable.insert((ns, id));
+        return;
+    };
+    if e.namespace != ns || e.id != id {
+        report.found(
+            key,
+            format!("the record is execution {:?} in {:?}, not its key's", e.id, e.namespace),
+        );
+        return;
+    }
+    report.executions += 1;
+    r.executions.insert(
+        (ns, id),
+        Seen { status: e.status, execute_at_ms: e.execute_at_ms, definition: e.definition_name },
+    );
+}
+
+/// A cron job record: it decodes and is the one its key names.
+fn check_cron_job(ks: &Keyspace, key: &[u8], value: &[u8], report: &mut CheckReport, r: &mut Refs) {
+    let Ok((ns, id)) = ks.parse_cron_job(key) else { return };
+    if let Some(j) = decodes::<CronJob>(report, key, "cron job", value) {
+        if j.id != id || j.namespace != ns {
+            report.found(key, format!("the record is cron job {:?} in {:?}", j.id, j.namespace));
+        } else {
+            r.cron_jobs.insert((ns, id));
+        }
     }
 }
 

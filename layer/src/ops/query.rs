@@ -11,10 +11,10 @@ use super::error::{Error, Result, invalid};
 use super::records::{decode, is_indexed, running_attempt, succeeded_attempt};
 use super::validate::{check_name, check_ref};
 use crate::keys::Tag;
-use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
-use crate::limits::LIST_PAGE_MAX;
-use crate::limits::LIST_SCAN_MAX;
+use crate::kv::{KeyValue, RangeOption, Transaction};
+use crate::limits::{LIST_PAGE_MAX, LIST_SCAN_MAX};
+use bytes::Bytes;
 
 /// A list query. Filters combine; the time range is on `execute_at`.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -168,6 +168,24 @@ impl Scheduler {
     /// [`LIST_SCAN_MAX`] index entries in one short transaction; when filters skip many rows it
     /// may come back short (even empty) with a cursor: pass it back to go on.
     pub async fn list(&self, q: &ListQuery) -> Result<ListPage> {
+        let (tag, query_range, limit) = self.list_plan(q)?;
+        let mut range = query_range.clone();
+        if let Some(c) = &q.cursor {
+            range.begin = super::cursor::open(&self.config.cursor_secret, &query_range, c)?;
+        }
+        let range = &range;
+        let mut page = self
+            .db
+            .run(|tx| async move { self.list_page(&tx, tag, range, q, limit).await })
+            .await?;
+        page.next_cursor = page.next_cursor.map(|position| {
+            super::cursor::seal(&self.config.cursor_secret, &query_range, &position)
+        });
+        Ok(page)
+    }
+
+    /// The index a query reads, its range and its page size.
+    fn list_plan(&self, q: &ListQuery) -> Result<(Tag, RangeOption, usize)> {
         check_name("namespace", &q.namespace)?;
         let limit = match q.limit {
             0 => 100,
@@ -185,75 +203,83 @@ impl Scheduler {
         // READY and RUNNING are not in the status index: filter the time (or definition)
         // index for them.
         let indexed_status = q.status.filter(|s| is_indexed(*s as i32));
-        let (tag, mut range) = match (&indexed_status, &q.definition) {
-            (Some(s), _) => (Tag::ByStatus, self.ks.by_status_range(ns, *s as i32, from, to)),
-            (None, Some(d)) => (Tag::ByDefinition, self.ks.by_definition_range(ns, d, from, to)),
-            (None, None) => (Tag::ByTime, self.ks.by_time_range(ns, from, to)),
-        };
-        let query_range = range.clone();
-        if let Some(c) = &q.cursor {
-            range.begin = super::cursor::open(&self.config.cursor_secret, &query_range, c)?;
-        }
-        let range = &range;
-        self.db
-            .run(|tx| async move {
-                let mut page = ListPage::default();
-                let mut begin = range.begin.clone();
-                let mut scanned = 0;
-                // Filtering by definition on the status index may skip rows: scan in chunks
-                // until the page is full, the range ends, or the scan bound is reached.
-                loop {
-                    let want = (limit - page.executions.len() + 1).min(LIST_SCAN_MAX - scanned);
-                    let chunk = RangeOption::new(begin.clone(), range.end.clone()).limit(want);
-                    let rows = tx.get_range(&chunk, true).await?;
-                    let n = rows.len();
-                    scanned += n;
-                    // An index key that does not parse names no execution: skipped (and
-                    // reported by `kairos check`), not a failure of every page over it.
-                    let ids: Vec<Option<String>> = rows
-                        .iter()
-                        .map(|kv| self.ks.index_execution_id(tag, &kv.key).ok())
-                        .collect();
-                    let tx = &tx;
-                    let loads = ids.iter().map(|id| async move {
-                        match id {
-                            Some(id) => tx.snapshot_get_owned(self.ks.execution(ns, id)).await,
-                            None => Ok(None),
-                        }
-                    });
-                    let found = futures_util::future::try_join_all(loads).await?;
-                    for ((kv, id), v) in rows.iter().zip(&ids).zip(found) {
-                        if page.executions.len() == limit {
-                            page.next_cursor = Some(kv.key.to_vec());
-                            return Ok(page);
-                        }
-                        begin = key_after(&kv.key);
-                        let (Some(id), Some(v)) = (id, v) else { continue };
-                        let Ok(e) = decode::<Execution>("execution", &v) else {
-                            page.unreadable.push(id.clone());
-                            continue;
-                        };
-                        if q.definition.as_ref().is_none_or(|d| &e.definition_name == d)
-                            && q.status.is_none_or(|s| e.status == s as i32)
-                        {
-                            page.executions.push(e);
-                        }
-                    }
-                    if n == 0 || n < want {
-                        return Ok(page); // the range ended
-                    }
-                    if page.executions.len() == limit || scanned >= LIST_SCAN_MAX {
-                        page.next_cursor = Some(begin.clone());
-                        return Ok(page);
-                    }
+        Ok(match (&indexed_status, &q.definition) {
+            (Some(s), _) => {
+                (Tag::ByStatus, self.ks.by_status_range(ns, *s as i32, from, to), limit)
+            }
+            (None, Some(d)) => {
+                (Tag::ByDefinition, self.ks.by_definition_range(ns, d, from, to), limit)
+            }
+            (None, None) => (Tag::ByTime, self.ks.by_time_range(ns, from, to), limit),
+        })
+    }
+
+    /// One page: filtering by definition on the status index may skip rows, so the index is
+    /// scanned in chunks until the page is full, the range ends, or the scan bound is reached.
+    async fn list_page(
+        &self,
+        tx: &Transaction,
+        tag: Tag,
+        range: &RangeOption,
+        q: &ListQuery,
+        limit: usize,
+    ) -> Result<ListPage> {
+        let mut page = ListPage::default();
+        let mut begin = range.begin.clone();
+        let mut scanned = 0;
+        loop {
+            let want = (limit - page.executions.len() + 1).min(LIST_SCAN_MAX - scanned);
+            let chunk = RangeOption::new(begin.clone(), range.end.clone()).limit(want);
+            let rows = tx.get_range(&chunk, true).await?;
+            let n = rows.len();
+            scanned += n;
+            let found = self.list_chunk(tx, tag, &q.namespace, &rows).await?;
+            for (kv, (id, v)) in rows.iter().zip(found) {
+                if page.executions.len() == limit {
+                    page.next_cursor = Some(kv.key.to_vec());
+                    return Ok(page);
                 }
-            })
-            .await
-            .map(|mut page: ListPage| {
-                page.next_cursor = page.next_cursor.map(|position| {
-                    super::cursor::seal(&self.config.cursor_secret, &query_range, &position)
-                });
-                page
-            })
+                begin = key_after(&kv.key);
+                let (Some(id), Some(v)) = (id, v) else { continue };
+                let Ok(e) = decode::<Execution>("execution", &v) else {
+                    page.unreadable.push(id);
+                    continue;
+                };
+                if q.definition.as_ref().is_none_or(|d| &e.definition_name == d)
+                    && q.status.is_none_or(|s| e.status == s as i32)
+                {
+                    page.executions.push(e);
+                }
+            }
+            if n == 0 || n < want {
+                return Ok(page); // the range ended
+            }
+            if page.executions.len() == limit || scanned >= LIST_SCAN_MAX {
+                page.next_cursor = Some(begin.clone());
+                return Ok(page);
+            }
+        }
+    }
+
+    /// The executions a chunk of index rows names, read concurrently (snapshot reads). An
+    /// index key that does not parse names no execution: skipped (and reported by `kairos
+    /// check`), not a failure of every page over it.
+    async fn list_chunk(
+        &self,
+        tx: &Transaction,
+        tag: Tag,
+        ns: &str,
+        rows: &[KeyValue],
+    ) -> Result<Vec<(Option<String>, Option<Bytes>)>> {
+        let ids: Vec<Option<String>> =
+            rows.iter().map(|kv| self.ks.index_execution_id(tag, &kv.key).ok()).collect();
+        let loads = ids.iter().map(|id| async move {
+            match id {
+                Some(id) => tx.snapshot_get_owned(self.ks.execution(ns, id)).await,
+                None => Ok(None),
+            }
+        });
+        let found = futures_util::future::try_join_all(loads).await?;
+        Ok(ids.into_iter().zip(found).collect())
     }
 }

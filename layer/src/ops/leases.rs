@@ -154,23 +154,30 @@ impl Scheduler {
                         }));
                         continue;
                     }
-                    let epoch = epoch + 1;
-                    let owner = PartitionOwner { owner: node_id.to_string(), epoch };
-                    tx.set(&self.ks.partition_owner(space, partition), &encode(&owner))?;
-                    let expiry =
-                        PartitionExpiry { owner: node_id.to_string(), epoch, expires_at_ms };
-                    tx.set(&self.ks.partition_expiry(space, partition), &encode(&expiry))?;
-                    out.push(Ok(PartitionLease {
+                    let lease = PartitionLease {
                         space,
                         partition,
                         owner: node_id.to_string(),
-                        epoch,
+                        epoch: epoch + 1,
                         expires_at_ms,
-                    }));
+                    };
+                    self.write_lease(&tx, &lease, epoch)?;
+                    out.push(Ok(lease));
                 }
                 Ok(out)
             })
             .await
+    }
+
+    /// Writes a lease taken over from the holder at `previous_epoch`: owner and expiry.
+    fn write_lease(&self, tx: &Transaction, l: &PartitionLease, previous_epoch: u64) -> Result<()> {
+        assert!(l.epoch > previous_epoch, "an epoch rises with every change of owner");
+        let owner = PartitionOwner { owner: l.owner.clone(), epoch: l.epoch };
+        tx.set(&self.ks.partition_owner(l.space, l.partition), &encode(&owner))?;
+        let expires_at_ms = l.expires_at_ms;
+        let expiry = PartitionExpiry { owner: l.owner.clone(), epoch: l.epoch, expires_at_ms };
+        tx.set(&self.ks.partition_expiry(l.space, l.partition), &encode(&expiry))?;
+        Ok(())
     }
 
     /// Extends every listed lease this node holds (`(space, partition, epoch)`) in one

@@ -135,19 +135,7 @@ impl Scheduler {
                     return Ok(None);
                 }
                 debug_assert_eq!(job.shard, shard, "a job is run by its own cron shard");
-                job.round += 1;
-                job.updated_at_ms = now_ms;
-                job.skipped_overlap_count += d.skipped_overlap.len() as u64;
-                job.missed_count += d.missed.len() as u64 + d.expired;
-                job.outstanding = d
-                    .outstanding
-                    .iter()
-                    .map(|o| CronOutstanding {
-                        occurrence_ms: o.occurrence_ms,
-                        execution_id: o.execution_id.clone(),
-                        since_ms: o.since_ms,
-                    })
-                    .collect();
+                record_round(&mut job, d, now_ms);
                 if let Some(reason) = &d.pause {
                     job.status = CronStatus::Paused as i32;
                     job.paused_at_ms = now_ms;
@@ -156,27 +144,7 @@ impl Scheduler {
                     tx.set(&self.ks.cron_job(ns, id), &encode(&job))?;
                     return Ok(Some(job));
                 }
-                job.next_run_at_ms = d.next_ms.unwrap_or(0);
-                job.remaining_runs = d.remaining_runs;
-                job.queue = d
-                    .queue
-                    .iter()
-                    .map(|q| CronQueued {
-                        occurrence_ms: q.occurrence_ms,
-                        overlap: name_of(&OverlapPolicy::ALL, q.overlap).into(),
-                        backfill: q.source == Source::Backfill,
-                    })
-                    .collect();
-                job.pending = d
-                    .materialize
-                    .iter()
-                    .map(|m| CronPending { occurrence_ms: m.occurrence_ms, due_ms: m.due_ms })
-                    .collect();
-                job.pending_cancel = d.cancel.clone();
-                let outbox = !job.pending.is_empty() || !job.pending_cancel.is_empty();
-                if d.completed {
-                    job.status = CronStatus::Completed as i32;
-                }
+                let outbox = take_outbox(&mut job, d);
                 match (outbox, d.wake_ms) {
                     (true, _) => self.set_cron_timer(&tx, &mut job, recover_at_ms).await?,
                     (false, Some(w)) if !d.completed => {
@@ -276,4 +244,50 @@ impl Scheduler {
             })
             .await
     }
+}
+
+/// What a round decided that the job keeps whatever follows: its count, the skipped and missed
+/// occurrences, the executions it still waits on.
+fn record_round(job: &mut CronJob, d: &Decision, now_ms: i64) {
+    let round = job.round;
+    job.round += 1;
+    job.updated_at_ms = now_ms;
+    job.skipped_overlap_count += d.skipped_overlap.len() as u64;
+    job.missed_count += d.missed.len() as u64 + d.expired;
+    job.outstanding = d
+        .outstanding
+        .iter()
+        .map(|o| CronOutstanding {
+            occurrence_ms: o.occurrence_ms,
+            execution_id: o.execution_id.clone(),
+            since_ms: o.since_ms,
+        })
+        .collect();
+    assert_eq!(job.round, round + 1, "a decision is applied once per round");
+}
+
+/// A round's plan on the job: its next run, its queue, and the outbox of occurrences to
+/// materialize and executions to cancel (`true` if the outbox is not empty).
+fn take_outbox(job: &mut CronJob, d: &Decision) -> bool {
+    job.next_run_at_ms = d.next_ms.unwrap_or(0);
+    job.remaining_runs = d.remaining_runs;
+    job.queue = d
+        .queue
+        .iter()
+        .map(|q| CronQueued {
+            occurrence_ms: q.occurrence_ms,
+            overlap: name_of(&OverlapPolicy::ALL, q.overlap).into(),
+            backfill: q.source == Source::Backfill,
+        })
+        .collect();
+    job.pending = d
+        .materialize
+        .iter()
+        .map(|m| CronPending { occurrence_ms: m.occurrence_ms, due_ms: m.due_ms })
+        .collect();
+    job.pending_cancel = d.cancel.clone();
+    if d.completed {
+        job.status = CronStatus::Completed as i32;
+    }
+    !job.pending.is_empty() || !job.pending_cancel.is_empty()
 }

@@ -147,59 +147,79 @@ fn bits(lo: u32, hi: u32, step: u32) -> u64 {
 
 /// One comma item of a field into bits (or specials for the day fields).
 fn parse_item(kind: Kind, item: &str, sp: &mut Specials) -> Result<u64, ExprError> {
-    let name = kind.name();
     if item.is_empty() {
-        return Err(err(name, "empty list item"));
+        return Err(err(kind.name(), "empty list item"));
     }
+    let upper = item.to_ascii_uppercase();
+    let special = match kind {
+        Kind::Dom => dom_special(item, &upper, sp)?,
+        Kind::Dow => dow_special(item, &upper, sp)?,
+        _ => false,
+    };
+    if special {
+        return Ok(0);
+    }
+    parse_range(kind, item)
+}
+
+/// `L`, `L-n`, `LW` and `nW` of the day of the month, into `sp`; `false` if `item` is none.
+fn dom_special(item: &str, upper: &str, sp: &mut Specials) -> Result<bool, ExprError> {
+    let name = Kind::Dom.name();
+    if upper == "LW" {
+        sp.last_weekday = true;
+        return Ok(true);
+    }
+    if let Some(rest) = upper.strip_prefix('L') {
+        let minus = match rest {
+            "" => 0,
+            r => r
+                .strip_prefix('-')
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|n| (1..=30).contains(n))
+                .ok_or_else(|| err(name, format!("{item:?}: write L or L-n with n 1-30")))?,
+        };
+        sp.last_minus.push(minus);
+        return Ok(true);
+    }
+    if let Some(day) = upper.strip_suffix('W') {
+        sp.nearest_weekday.push(parse_value(Kind::Dom, day)?);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// `n#k` and `nL` of the day of the week, into `sp`; `false` if `item` is none.
+fn dow_special(item: &str, upper: &str, sp: &mut Specials) -> Result<bool, ExprError> {
+    let name = Kind::Dow.name();
+    if let Some((day, k)) = upper.split_once('#') {
+        let d = parse_value(Kind::Dow, day)? % 7;
+        let k: u32 = k
+            .parse()
+            .ok()
+            .filter(|k| (1..=5).contains(k))
+            .ok_or_else(|| err(name, format!("{item:?}: the k of n#k must be 1-5")))?;
+        sp.dow_nth.push((d, k));
+        return Ok(true);
+    }
+    if upper == "L" {
+        return Err(err(
+            name,
+            "\"L\" alone is ambiguous: write 6 (SAT), or nL for the last weekday n",
+        ));
+    }
+    if let Some(day) = upper.strip_suffix('L') {
+        let d = parse_value(Kind::Dow, day)? % 7;
+        sp.dow_last |= 1 << d;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// `*`, `?`, `a`, `a-b`, each with an optional `/step`, into bits.
+fn parse_range(kind: Kind, item: &str) -> Result<u64, ExprError> {
+    let name = kind.name();
     let (lo, hi) = kind.range();
     let hi = if kind == Kind::Dow { 6 } else { hi };
-    let upper = item.to_ascii_uppercase();
-    if kind == Kind::Dom {
-        if upper == "LW" {
-            sp.last_weekday = true;
-            return Ok(0);
-        }
-        if let Some(rest) = upper.strip_prefix('L') {
-            let minus = match rest {
-                "" => 0,
-                r => r
-                    .strip_prefix('-')
-                    .and_then(|n| n.parse::<u32>().ok())
-                    .filter(|n| (1..=30).contains(n))
-                    .ok_or_else(|| err(name, format!("{item:?}: write L or L-n with n 1-30")))?,
-            };
-            sp.last_minus.push(minus);
-            return Ok(0);
-        }
-        if let Some(day) = upper.strip_suffix('W') {
-            let d = parse_value(kind, day)?;
-            sp.nearest_weekday.push(d);
-            return Ok(0);
-        }
-    }
-    if kind == Kind::Dow {
-        if let Some((day, k)) = upper.split_once('#') {
-            let d = parse_value(kind, day)? % 7;
-            let k: u32 = k
-                .parse()
-                .ok()
-                .filter(|k| (1..=5).contains(k))
-                .ok_or_else(|| err(name, format!("{item:?}: the k of n#k must be 1-5")))?;
-            sp.dow_nth.push((d, k));
-            return Ok(0);
-        }
-        if upper == "L" {
-            return Err(err(
-                name,
-                "\"L\" alone is ambiguous: write 6 (SAT), or nL for the last weekday n",
-            ));
-        }
-        if let Some(day) = upper.strip_suffix('L') {
-            let d = parse_value(kind, day)? % 7;
-            sp.dow_last |= 1 << d;
-            return Ok(0);
-        }
-    }
     let (range, step) = match item.split_once('/') {
         Some((r, s)) => {
             let step: u32 = s.parse().ok().filter(|s| *s >= 1).ok_or_else(|| {

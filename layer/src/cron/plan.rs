@@ -259,15 +259,20 @@ fn drain_queue(s: &mut State<'_>) {
 
 /// Decides one round. `next_after(t)` is the schedule's first occurrence after `t`.
 pub fn plan(r: &Round, next_after: impl Fn(i64) -> Option<i64>) -> Decision {
-    let now = r.now_ms;
-    let p = &r.policies;
     let mut d = Decision {
         next_ms: r.next_ms,
         remaining_runs: r.remaining_runs,
         queue: r.queue.clone(),
         ..Decision::default()
     };
-    if p.pause_on_failure
+    // Only unfinished executions are followed further (a failure is acted on now).
+    d.outstanding = r
+        .outstanding
+        .iter()
+        .filter(|(_, st)| *st == ExecState::Unfinished)
+        .map(|(o, _)| o.clone())
+        .collect();
+    if r.policies.pause_on_failure
         && let Some((o, _)) = r.outstanding.iter().find(|(_, st)| *st == ExecState::Failed)
     {
         d.pause = Some(format!(
@@ -275,39 +280,40 @@ pub fn plan(r: &Round, next_after: impl Fn(i64) -> Option<i64>) -> Decision {
             o.execution_id,
             super::zone::utc_rfc3339(o.occurrence_ms)
         ));
-        // The failure is acted on: only unfinished executions are followed further.
-        d.outstanding = r
-            .outstanding
-            .iter()
-            .filter(|(_, st)| *st == ExecState::Unfinished)
-            .map(|(o, _)| o.clone())
-            .collect();
         return d;
     }
-    d.outstanding = r
-        .outstanding
-        .iter()
-        .filter(|(_, st)| *st == ExecState::Unfinished)
-        .map(|(o, _)| o.clone())
-        .collect();
     let active = d.outstanding.len();
     let mut s = State { r, d, active };
     drain_queue(&mut s);
+    let walked = walk(&mut s, &next_after);
+    finish(s, walked)
+}
 
-    let jitter = r.jitter_offset_ms;
-    let lookahead = r.lookahead_ms;
-    let mut deferred_until = None;
-    let mut scanned = 0;
+/// How far a round's walk over the occurrences got.
+struct Walked {
+    /// Occurrences looked at.
+    scanned: usize,
+    /// The due time of an occurrence deferred for the overlap policy.
+    deferred_until: Option<i64>,
+}
+
+/// Walks the schedule's occurrences from the next one while they are due within the
+/// lookahead and the round's budgets last: each expired, skipped as missed, caught up, or
+/// admitted under the overlap policy.
+fn walk(s: &mut State<'_>, next_after: &impl Fn(i64) -> Option<i64>) -> Walked {
+    let (r, p, now) = (s.r, &s.r.policies, s.r.now_ms);
+    let (jitter, lookahead) = (r.jitter_offset_ms, r.lookahead_ms);
+    let mut w = Walked { scanned: 0, deferred_until: None };
     while let Some(o) = s.d.next_ms {
         if r.end_ms.is_some_and(|e| o > e) || s.d.remaining_runs == Some(0) {
             s.d.next_ms = None;
             break;
         }
         let due = o + jitter;
-        if due - lookahead > now || !s.budget_left() || scanned >= CRON_SCAN_PER_ROUND_MAX {
+        if due - lookahead > now || !s.budget_left() || w.scanned >= CRON_SCAN_PER_ROUND_MAX {
             break;
         }
-        scanned += 1;
+        w.scanned += 1;
         let missed = due + CRON_MISSED_AFTER_MS < now;
         if missed && due < now - p.catch_up_window_ms {
             s.d.expired += 1;
@@ -328,42 +334,47 @@ pub fn plan(r: &Round, next_after: impl Fn(i64) -> Option<i64>) -> Decision {
             }
             s.d.missed.push((o, MissedOutcome::CaughtUp));
         }
-        match admit(&mut s, o, due) {
+        match admit(s, o, due) {
             Admit::Taken => s.d.remaining_runs = s.d.remaining_runs.map(|n| n.saturating_sub(1)),
             Admit::Skipped => s.d.skipped_overlap.push(o),
             Admit::Defer => {
-                deferred_until = Some(due);
+                w.deferred_until = Some(due);
                 break;
             }
         }
         s.d.next_ms = next_after(o);
     }
-    if s.d.next_ms.is_some_and(|o| r.end_ms.is_some_and(|e| o > e)) || s.d.remaining_runs == Some(0)
-    {
-        s.d.next_ms = None;
-    }
+    w
+}
+
+/// The decision's bounds and its wake-up: at once if the round stopped at a budget, at a
+/// deferred occurrence, at the next one's lookahead, or at the next look at an execution it
+/// waits on — whichever comes first.
+fn finish(s: State<'_>, w: Walked) -> Decision {
+    let (r, now) = (s.r, s.r.now_ms);
     let State { mut d, active, .. } = s;
+    if d.next_ms.is_some_and(|o| r.end_ms.is_some_and(|e| o > e)) || d.remaining_runs == Some(0) {
+        d.next_ms = None;
+    }
     // Keep the most recent unfinished executions within the bound.
     if d.outstanding.len() > CRON_OUTSTANDING_MAX {
         let excess = d.outstanding.len() - CRON_OUTSTANDING_MAX;
         d.outstanding.drain(..excess);
     }
-    let more =
-        d.materialize.len() >= CRON_MATERIALIZE_PER_ROUND_MAX || scanned >= CRON_SCAN_PER_ROUND_MAX;
-    let waiting_on_execution = !d.queue.is_empty() || (p.pause_on_failure && active > 0);
+    let more = d.materialize.len() >= CRON_MATERIALIZE_PER_ROUND_MAX
+        || w.scanned >= CRON_SCAN_PER_ROUND_MAX;
+    let waiting_on_execution = !d.queue.is_empty() || (r.policies.pause_on_failure && active > 0);
     let oldest = d.outstanding.iter().map(|o| o.since_ms).min().unwrap_or(now);
+    let next_lookahead = d.next_ms.map(|o| (o + r.jitter_offset_ms - r.lookahead_ms).max(now));
     let candidates = [
         more.then_some(now),
-        deferred_until,
-        if deferred_until.is_none() {
-            d.next_ms.map(|o| (o + jitter - lookahead).max(now))
-        } else {
-            None
-        },
+        w.deferred_until,
+        if w.deferred_until.is_none() { next_lookahead } else { None },
         waiting_on_execution.then(|| now + check_interval_ms(now, oldest)),
     ];
     d.wake_ms = candidates.into_iter().flatten().min();
     d.completed = d.next_ms.is_none() && d.queue.is_empty();
+    debug_assert!(d.outstanding.len() <= CRON_OUTSTANDING_MAX);
     d
 }
 

@@ -206,72 +206,39 @@ impl Scheduler {
         lookahead_ms: i64,
     ) -> Result<RoundReport> {
         let now_ms = self.clock.now().as_millis();
+        let r = Round { shard, epoch, ns, id, now_ms, retry_at: now_ms + CRON_RECOVER_AFTER_MS };
         let mut report = RoundReport::default();
         let Some(job) = self.cron_job_snapshot(ns, id).await? else { return Ok(report) };
         let schedule = spec::schedule_of(&job)?;
-        let retry_at = now_ms + CRON_RECOVER_AFTER_MS;
         if !job.pending.is_empty() || !job.pending_cancel.is_empty() {
             // An outbox left by an earlier round (a crash, or a transient failure): submit it
             // again under the same keys, then plan afresh.
-            return match self.flush(exec, &job, &schedule, now_ms, &mut report).await {
-                Ok(done) => {
-                    self.cron_settle(
-                        shard,
-                        epoch,
-                        ns,
-                        id,
-                        job.round,
-                        job.generation,
-                        &done,
-                        Some(now_ms),
-                        now_ms,
-                    )
-                    .await?;
-                    report.wake_ms = Some(now_ms);
-                    Ok(report)
-                }
-                Err(_) => {
-                    self.cron_retry_at(shard, epoch, ns, id, Some(retry_at)).await?;
-                    report.wake_ms = Some(retry_at);
-                    Ok(report)
-                }
-            };
+            report.wake_ms = Some(now_ms);
+            self.flush_and_settle(exec, &r, &job, &schedule, &mut report, true).await?;
+            return Ok(report);
         }
         if job.status != CronStatus::Active as i32 {
             self.cron_retry_at(shard, epoch, ns, id, None).await?;
             return Ok(report);
         }
-        let mut states = BTreeMap::new();
         let lookups = job.outstanding.iter().map(|o| exec.status(ns, &o.execution_id));
-        match futures_util::future::try_join_all(lookups).await {
-            Ok(found) => {
-                for (o, st) in job.outstanding.iter().zip(found) {
-                    let state = st.map_or(ExecState::Done, spec::exec_state);
-                    states.insert(o.execution_id.clone(), state);
-                }
-            }
-            Err(_) => {
-                self.cron_retry_at(shard, epoch, ns, id, Some(retry_at)).await?;
-                report.wake_ms = Some(retry_at);
-                return Ok(report);
-            }
-        }
+        let Ok(found) = futures_util::future::try_join_all(lookups).await else {
+            self.cron_retry_at(shard, epoch, ns, id, Some(r.retry_at)).await?;
+            report.wake_ms = Some(r.retry_at);
+            return Ok(report);
+        };
+        let states = job
+            .outstanding
+            .iter()
+            .zip(found)
+            .map(|(o, st)| (o.execution_id.clone(), st.map_or(ExecState::Done, spec::exec_state)))
+            .collect();
         let round = spec::round_of(&job, now_ms, lookahead_ms, &states)?;
         let d: Decision = plan(&round, |t| spec::next_occurrence(&job, &schedule, t));
-        report.skipped_overlap = d.skipped_overlap.len() as u64;
-        for (_, outcome) in &d.missed {
-            *report.missed.entry(outcome.name()).or_default() += 1;
-        }
-        if d.expired > 0 {
-            *report.missed.entry(MissedOutcome::Expired.name()).or_default() += d.expired;
-        }
-        report.lateness_ms =
-            d.materialize.iter().map(|m| (now_ms - (m.due_ms - lookahead_ms)).max(0)).collect();
-        report.paused = d.pause.is_some();
-        report.completed = d.completed;
+        report.count(&d, now_ms, lookahead_ms);
         let seen = (job.generation, job.round);
         let Some(applied) =
-            self.cron_apply(shard, epoch, ns, id, seen, &d, now_ms, retry_at).await?
+            self.cron_apply(shard, epoch, ns, id, seen, &d, now_ms, r.retry_at).await?
         else {
             return Ok(RoundReport {
                 stale: true,
@@ -280,27 +247,67 @@ impl Scheduler {
             });
         };
         report.wake_ms = if d.completed { None } else { d.wake_ms };
-        if applied.pending.is_empty() && applied.pending_cancel.is_empty() {
-            return Ok(report);
-        }
-        match self.flush(exec, &applied, &schedule, now_ms, &mut report).await {
-            Ok(done) => {
-                self.cron_settle(
-                    shard,
-                    epoch,
-                    ns,
-                    id,
-                    applied.round,
-                    applied.generation,
-                    &done,
-                    report.wake_ms,
-                    now_ms,
-                )
-                .await?;
-            }
-            Err(_) => report.wake_ms = Some(retry_at), // the outbox waits for the retry timer
+        if !applied.pending.is_empty() || !applied.pending_cancel.is_empty() {
+            self.flush_and_settle(exec, &r, &applied, &schedule, &mut report, false).await?;
         }
         Ok(report)
+    }
+
+    /// Submits a job's outbox and records it as done, the timer then at `report.wake_ms`; if
+    /// the API is unavailable, the outbox waits for the retry timer (moved there for an outbox
+    /// `left_over` from an earlier round; the round that just applied one set it already).
+    async fn flush_and_settle<E: Executions>(
+        &self,
+        exec: &E,
+        r: &Round<'_>,
+        job: &CronJob,
+        schedule: &Schedule,
+        report: &mut RoundReport,
+        left_over: bool,
+    ) -> Result<()> {
+        match self.flush(exec, job, schedule, r.now_ms, report).await {
+            Ok(done) => {
+                let (round, generation) = (job.round, job.generation);
+                let (wake, now) = (report.wake_ms, r.now_ms);
+                self.cron_settle(r.shard, r.epoch, r.ns, r.id, round, generation, &done, wake, now)
+                    .await?;
+            }
+            Err(_) => {
+                if left_over {
+                    self.cron_retry_at(r.shard, r.epoch, r.ns, r.id, Some(r.retry_at)).await?;
+                }
+                report.wake_ms = Some(r.retry_at);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One round's coordinates.
+struct Round<'a> {
+    shard: u32,
+    epoch: u64,
+    ns: &'a str,
+    id: &'a str,
+    now_ms: i64,
+    /// When a round whose submits did not go through is tried again.
+    retry_at: i64,
+}
+
+impl RoundReport {
+    /// What a decision says, for the metrics.
+    fn count(&mut self, d: &Decision, now_ms: i64, lookahead_ms: i64) {
+        self.skipped_overlap = d.skipped_overlap.len() as u64;
+        for (_, outcome) in &d.missed {
+            *self.missed.entry(outcome.name()).or_default() += 1;
+        }
+        if d.expired > 0 {
+            *self.missed.entry(MissedOutcome::Expired.name()).or_default() += d.expired;
+        }
+        self.lateness_ms =
+            d.materialize.iter().map(|m| (now_ms - (m.due_ms - lookahead_ms)).max(0)).collect();
+        self.paused = d.pause.is_some();
+        self.completed = d.completed;
     }
 }
 

@@ -22,6 +22,9 @@ use crate::kv::local::watch::Watches;
 use crate::kv::local::{ActiveReads, CommitRequest};
 use crate::kv::{CommitInfo, StoreHealth, Versionstamp};
 
+/// A job accepted into a batch: where its result goes, and what it will be.
+type Accepted = (oneshot::Sender<Result<CommitInfo>>, CommitInfo);
+
 pub(crate) struct Job {
     pub req: CommitRequest,
     pub reply: oneshot::Sender<Result<CommitInfo>>,
@@ -134,110 +137,141 @@ impl Committer {
     }
 
     fn commit_batch(&mut self, batch: Vec<Job>) {
-        // A full disk is refused before the engine sees it (the engine stays usable for reads);
-        // an engine closed by an earlier I/O error is re-opened first.
+        let Some(batch) = self.ready_for(batch) else { return };
+        let mut accepted: Vec<Accepted> = Vec::new();
+        let mut changes: Vec<Change> = Vec::new();
+        let collected = self.watches.any();
+        let outcome = self.write(batch, collected, &mut accepted, &mut changes);
+        match outcome {
+            Ok(()) => self.published(accepted, &changes, collected),
+            Err(e) => self.failed(&e, accepted),
+        }
+    }
+
+    /// The batch if the engine can take writes: a full disk is refused before the engine sees
+    /// it (the engine stays usable for reads); an engine closed by an earlier I/O error is
+    /// re-opened first. Otherwise every job hears why.
+    fn ready_for(&mut self, batch: Vec<Job>) -> Option<Vec<Job>> {
         let ready = self
             .engine
             .check_space()
             .and_then(|()| if self.engine.is_open() { Ok(()) } else { self.engine.reopen() });
-        if let Err(e) = ready {
-            let reason = format!("writes refused: {e}");
-            self.engine.set_health(StoreHealth::WritesRefused { reason });
-            for job in batch {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-            return;
+        let Err(e) = ready else { return Some(batch) };
+        let reason = format!("writes refused: {e}");
+        self.engine.set_health(StoreHealth::WritesRefused { reason });
+        for job in batch {
+            let _ = job.reply.send(Err(e.clone()));
         }
-        let mut accepted: Vec<(oneshot::Sender<Result<CommitInfo>>, CommitInfo)> = Vec::new();
-        let mut changes: Vec<Change> = Vec::new();
-        let collected = self.watches.any();
-        let outcome = (|| -> Result<()> {
-            let db = self.engine.current()?;
-            let mut w = db.begin_write().map_err(storage)?;
-            // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
-            // over the whole file (redb then writes its allocator state with each commit).
-            w.set_quick_repair(true);
-            {
-                let mut table = w.open_table(DATA).map_err(storage)?;
-                let mut meta = w.open_table(META).map_err(storage)?;
-                let now = self.clock.now();
-                let collect = collected;
-                // Versions above the published one are not durable yet, so no snapshot holds
-                // them: the floor stays at or below what snapshots can see.
-                let floor = self.active.floor(self.published.load(Ordering::Acquire));
-                let mut resolved: Vec<(Vec<Mutation>, Versionstamp)> = Vec::new();
-                for job in batch {
-                    let req = job.req;
-                    if let Err(e) = self.resolver.check(req.read_version, &req.read_conflicts) {
-                        self.stats.transactions_rejected.fetch_add(1, Ordering::Relaxed);
-                        let _ = job.reply.send(Err(e));
-                        continue;
-                    }
-                    let version = self.resolver.next_version();
-                    let stamp = Versionstamp::new(version, 0);
-                    let mut writes = req.write_conflicts;
-                    writes.extend(stamped_write_ranges(&req.mutations, &stamp));
-                    self.resolver.record(version, writes, now, floor);
-                    resolved.push((req.mutations, stamp));
-                    let info = CommitInfo { version: Some(version), versionstamp: Some(stamp) };
-                    accepted.push((job.reply, info));
-                }
-                // The whole batch folded: one store write per distinct key, in key order.
-                let folded: Vec<(&[Mutation], Versionstamp)> =
-                    resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
-                let mut target = TableTarget { table: &mut table };
-                changes.extend(apply_batch(&mut target, &folded, collect)?);
-                meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
+        None
+    }
+
+    /// One engine transaction for the whole batch: each job resolved against the conflict
+    /// history (refused ones hear so at once), the accepted ones' mutations folded into one
+    /// store write per distinct key.
+    fn write(
+        &mut self,
+        batch: Vec<Job>,
+        collect: bool,
+        accepted: &mut Vec<Accepted>,
+        changes: &mut Vec<Change>,
+    ) -> Result<()> {
+        let db = self.engine.current()?;
+        let mut w = db.begin_write().map_err(storage)?;
+        // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
+        // over the whole file (redb then writes its allocator state with each commit).
+        w.set_quick_repair(true);
+        {
+            let mut table = w.open_table(DATA).map_err(storage)?;
+            let mut meta = w.open_table(META).map_err(storage)?;
+            let resolved = self.resolve(batch, accepted);
+            // The whole batch folded: one store write per distinct key, in key order.
+            let folded: Vec<(&[Mutation], Versionstamp)> =
+                resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+            let mut target = TableTarget { table: &mut table };
+            changes.extend(apply_batch(&mut target, &folded, collect)?);
+            meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
+        }
+        if accepted.is_empty() {
+            w.abort().map_err(storage)?;
+            return Ok(());
+        }
+        w.commit().map_err(storage)?;
+        Ok(())
+    }
+
+    /// Resolves each job's conflicts: a refused one hears so at once; an accepted one gets the
+    /// next version and its writes join the history.
+    fn resolve(
+        &mut self,
+        batch: Vec<Job>,
+        accepted: &mut Vec<Accepted>,
+    ) -> Vec<(Vec<Mutation>, Versionstamp)> {
+        let now = self.clock.now();
+        // Versions above the published one are not durable yet, so no snapshot holds them: the
+        // floor stays at or below what snapshots can see.
+        let floor = self.active.floor(self.published.load(Ordering::Acquire));
+        let mut resolved = Vec::new();
+        for job in batch {
+            let req = job.req;
+            if let Err(e) = self.resolver.check(req.read_version, &req.read_conflicts) {
+                self.stats.transactions_rejected.fetch_add(1, Ordering::Relaxed);
+                let _ = job.reply.send(Err(e));
+                continue;
             }
-            if accepted.is_empty() {
-                w.abort().map_err(storage)?;
-                return Ok(());
-            }
-            w.commit().map_err(storage)?;
-            Ok(())
-        })();
-        match outcome {
-            Ok(()) => {
-                if !accepted.is_empty() {
-                    self.engine.set_health(StoreHealth::Healthy);
-                }
-                self.published.store(self.resolver.version(), Ordering::SeqCst);
-                if !accepted.is_empty() {
-                    self.stats.engine_commits.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .transactions_committed
-                        .fetch_add(accepted.len() as u64, Ordering::Relaxed);
-                }
-                if collected {
-                    self.watches.notify(&changes);
-                } else if self.watches.any() {
-                    // A watch registered while this batch ran, after the batch decided not to
-                    // collect its changes: check it against the values now durable.
-                    self.revalidate_watches();
-                }
-                for (reply, info) in accepted {
-                    let _ = reply.send(Ok(info));
-                }
-            }
-            Err(e) => {
-                // Nothing of this batch is durable: the redb transaction was not committed.
-                // Its writes stay in the conflict history, which only costs spurious conflicts.
-                // The health is set before anyone hears of the failure (a caller that sees the
-                // error and asks for the health finds the reason).
-                let reopen = needs_reopen(&e);
-                if reopen {
-                    self.refuse_writes(&e);
-                }
-                for (reply, _) in accepted {
-                    let _ = reply.send(Err(e.clone()));
-                }
-                if reopen {
-                    // Nothing of the failed batch was made durable: the store is where it was.
-                    // If it cannot be opened now (opening writes too), the next reader or
-                    // batch tries again.
-                    let _ = self.engine.reopen();
-                }
-            }
+            let version = self.resolver.next_version();
+            let stamp = Versionstamp::new(version, 0);
+            let mut writes = req.write_conflicts;
+            writes.extend(stamped_write_ranges(&req.mutations, &stamp));
+            self.resolver.record(version, writes, now, floor);
+            resolved.push((req.mutations, stamp));
+            accepted.push((
+                job.reply,
+                CommitInfo { version: Some(version), versionstamp: Some(stamp) },
+            ));
+        }
+        resolved
+    }
+
+    /// The batch is durable: published to readers, watches told, every job answered.
+    fn published(&mut self, accepted: Vec<Accepted>, changes: &[Change], collected: bool) {
+        if !accepted.is_empty() {
+            self.engine.set_health(StoreHealth::Healthy);
+        }
+        let version = self.resolver.version();
+        debug_assert!(version >= self.published.load(Ordering::Acquire), "versions only rise");
+        self.published.store(version, Ordering::SeqCst);
+        if !accepted.is_empty() {
+            self.stats.engine_commits.fetch_add(1, Ordering::Relaxed);
+            self.stats.transactions_committed.fetch_add(accepted.len() as u64, Ordering::Relaxed);
+        }
+        if collected {
+            self.watches.notify(changes);
+        } else if self.watches.any() {
+            // A watch registered while this batch ran, after the batch decided not to collect
+            // its changes: check it against the values now durable.
+            self.revalidate_watches();
+        }
+        for (reply, info) in accepted {
+            let _ = reply.send(Ok(info));
+        }
+    }
+
+    /// Nothing of this batch is durable: the redb transaction was not committed. Its writes
+    /// stay in the conflict history, which only costs spurious conflicts. The health is set
+    /// before anyone hears of the failure (a caller that sees the error and asks for the health
+    /// finds the reason).
+    fn failed(&mut self, e: &Error, accepted: Vec<Accepted>) {
+        let reopen = needs_reopen(e);
+        if reopen {
+            self.refuse_writes(e);
+        }
+        for (reply, _) in accepted {
+            let _ = reply.send(Err(e.clone()));
+        }
+        if reopen {
+            // Nothing of the failed batch was made durable: the store is where it was. If it
+            // cannot be opened now (opening writes too), the next reader or batch tries again.
+            let _ = self.engine.reopen();
         }
     }
 

@@ -108,6 +108,23 @@ enum Pending {
     Unreadable,
 }
 
+impl Pending {
+    /// The value the transaction reads over `base`, the stored value.
+    fn over(&self, base: Option<Bytes>) -> Option<Bytes> {
+        match self {
+            Pending::Value(v) => Some(v.clone()),
+            Pending::Cleared | Pending::Unreadable => None,
+            Pending::Adds(params) => {
+                let mut v = base;
+                for p in params {
+                    v = Some(atomic_add(v.as_deref(), p));
+                }
+                v
+            }
+        }
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Status {
     Open,
@@ -246,13 +263,7 @@ impl LocalTransaction {
             st.add_read_conflict(key.to_vec(), key_after(key))?;
         }
         match st.writes.get(key) {
-            Some(Pending::Adds(params)) => {
-                let mut v = stored;
-                for p in params {
-                    v = Some(atomic_add(v.as_deref(), p));
-                }
-                Ok(v)
-            }
+            Some(p @ Pending::Adds(_)) => Ok(p.over(stored)),
             _ => Ok(stored),
         }
     }
@@ -277,19 +288,7 @@ impl LocalTransaction {
             overlay.reverse();
         }
         let precedes = |a: &[u8], b: &[u8]| if r.reverse { a > b } else { a < b };
-        let resolve = |p: &Pending, base: Option<&[u8]>| -> Option<Bytes> {
-            match p {
-                Pending::Value(v) => Some(v.clone()),
-                Pending::Cleared | Pending::Unreadable => None,
-                Pending::Adds(params) => {
-                    let mut v = base.map(Bytes::copy_from_slice);
-                    for p in params {
-                        v = Some(atomic_add(v.as_deref(), p));
-                    }
-                    v
-                }
-            }
-        };
+        let resolve = |p: &Pending, base: Option<&[u8]>| p.over(base.map(Bytes::copy_from_slice));
         let mut out: Vec<KeyValue> = Vec::new();
         let mut next = 0;
         let push = |out: &mut Vec<KeyValue>, k: &[u8], v: Option<Bytes>| {
@@ -323,15 +322,21 @@ impl LocalTransaction {
             next += 1;
         }
         if !snapshot {
-            let cut = r.limit != 0 && out.len() >= limit;
-            let (b, e) = match (cut, out.last()) {
-                (true, Some(last)) if r.reverse => (last.key.to_vec(), r.end.clone()),
-                (true, Some(last)) => (r.begin.clone(), key_after(&last.key)),
-                _ => (r.begin.clone(), r.end.clone()),
-            };
+            let (b, e) = read_range_of(r, &out, limit);
             st.add_read_conflict(b, e)?;
         }
         Ok(out)
+    }
+}
+
+/// What a range read read, for its conflict: all of the range, or up to the last key when
+/// its limit cut it short.
+fn read_range_of(r: &RangeOption, out: &[KeyValue], limit: usize) -> (Vec<u8>, Vec<u8>) {
+    let cut = r.limit != 0 && out.len() >= limit;
+    match (cut, out.last()) {
+        (true, Some(last)) if r.reverse => (last.key.to_vec(), r.end.clone()),
+        (true, Some(last)) => (r.begin.clone(), key_after(&last.key)),
+        _ => (r.begin.clone(), r.end.clone()),
     }
 }
 

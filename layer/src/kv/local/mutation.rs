@@ -137,65 +137,20 @@ pub(crate) fn apply_batch(
     batch: &[(&[Mutation], Versionstamp)],
     collect: bool,
 ) -> Result<Vec<Change>> {
-    use std::collections::BTreeMap;
-    let mut finals: BTreeMap<Vec<u8>, Final> = BTreeMap::new();
-    let mut cleared: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let in_cleared = |cleared: &[(Vec<u8>, Vec<u8>)], k: &[u8]| {
-        cleared.iter().any(|(b, e)| b.as_slice() <= k && k < e.as_slice())
-    };
+    let mut fold = Fold::default();
     for (mutations, stamp) in batch {
         for m in *mutations {
-            match m {
-                Mutation::Set(k, v) => {
-                    finals.insert(k.clone(), Final::Value(Some(v.clone())));
-                }
-                Mutation::Clear(k) => {
-                    finals.insert(k.clone(), Final::Value(None));
-                }
-                Mutation::ClearRange(b, e) => {
-                    let inside: Vec<Vec<u8>> = finals
-                        .range::<[u8], _>((
-                            std::ops::Bound::Included(b.as_slice()),
-                            std::ops::Bound::Excluded(e.as_slice()),
-                        ))
-                        .map(|(k, _)| k.clone())
-                        .collect();
-                    for k in inside {
-                        finals.remove(&k);
-                    }
-                    cleared.push((b.clone(), e.clone()));
-                }
-                Mutation::Add(k, p) => {
-                    let next = match finals.remove(k) {
-                        Some(Final::Value(v)) => Final::Value(Some(atomic_add(v.as_deref(), p))),
-                        Some(Final::Adds(mut ps)) => {
-                            ps.push(p.clone());
-                            Final::Adds(ps)
-                        }
-                        // The stored value was cleared by this batch: add to nothing.
-                        None if in_cleared(&cleared, k) => Final::Value(Some(atomic_add(None, p))),
-                        None => Final::Adds(vec![p.clone()]),
-                    };
-                    finals.insert(k.clone(), next);
-                }
-                Mutation::VersionstampedKey { key, offset, value } => {
-                    finals.insert(stamped(key, *offset, stamp), Final::Value(Some(value.clone())));
-                }
-                Mutation::VersionstampedValue { key, value, offset } => {
-                    let v = Bytes::from(stamped(value, *offset, stamp));
-                    finals.insert(key.clone(), Final::Value(Some(v)));
-                }
-            }
+            fold.add(m, stamp);
         }
     }
     let mut changes = Vec::new();
-    for (b, e) in &cleared {
+    for (b, e) in &fold.cleared {
         target.clear_range(b, e)?;
         if collect {
             changes.push(Change::Range(b.clone(), e.clone()));
         }
     }
-    for (k, f) in finals {
+    for (k, f) in fold.finals {
         let v = match f {
             Final::Value(v) => v,
             Final::Adds(ps) => {
@@ -212,6 +167,64 @@ pub(crate) fn apply_batch(
         }
     }
     Ok(changes)
+}
+
+/// A batch's mutations folded in memory: the final value (or adds) per key, and the ranges it
+/// cleared.
+#[derive(Default)]
+struct Fold {
+    finals: std::collections::BTreeMap<Vec<u8>, Final>,
+    cleared: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Fold {
+    fn in_cleared(&self, k: &[u8]) -> bool {
+        self.cleared.iter().any(|(b, e)| b.as_slice() <= k && k < e.as_slice())
+    }
+
+    /// One more mutation, after every earlier one.
+    fn add(&mut self, m: &Mutation, stamp: &Versionstamp) {
+        match m {
+            Mutation::Set(k, v) => {
+                self.finals.insert(k.clone(), Final::Value(Some(v.clone())));
+            }
+            Mutation::Clear(k) => {
+                self.finals.insert(k.clone(), Final::Value(None));
+            }
+            Mutation::ClearRange(b, e) => {
+                let bounds = (
+                    std::ops::Bound::Included(b.as_slice()),
+                    std::ops::Bound::Excluded(e.as_slice()),
+                );
+                let inside: Vec<Vec<u8>> =
+                    self.finals.range::<[u8], _>(bounds).map(|(k, _)| k.clone()).collect();
+                for k in inside {
+                    self.finals.remove(&k);
+                }
+                self.cleared.push((b.clone(), e.clone()));
+            }
+            Mutation::Add(k, p) => {
+                let next = match self.finals.remove(k) {
+                    Some(Final::Value(v)) => Final::Value(Some(atomic_add(v.as_deref(), p))),
+                    Some(Final::Adds(mut ps)) => {
+                        ps.push(p.clone());
+                        Final::Adds(ps)
+                    }
+                    // The stored value was cleared by this batch: add to nothing.
+                    None if self.in_cleared(k) => Final::Value(Some(atomic_add(None, p))),
+                    None => Final::Adds(vec![p.clone()]),
+                };
+                self.finals.insert(k.clone(), next);
+            }
+            Mutation::VersionstampedKey { key, offset, value } => {
+                self.finals.insert(stamped(key, *offset, stamp), Final::Value(Some(value.clone())));
+            }
+            Mutation::VersionstampedValue { key, value, offset } => {
+                let v = Bytes::from(stamped(value, *offset, stamp));
+                self.finals.insert(key.clone(), Final::Value(Some(v)));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -58,87 +58,49 @@ async fn reusing_a_key_for_another_request_is_a_conflict() {
     }
 }
 
-#[tokio::test]
-async fn bad_submissions_name_the_field() {
-    let w = world(12, FaultConfig::none()).await;
-    let cases: Vec<(kairos_layer::ops::submit::SubmitRequest, &str)> = vec![
+/// A valid request, changed by `f`.
+fn changed(
+    f: impl FnOnce(&mut kairos_layer::ops::submit::SubmitRequest),
+) -> kairos_layer::ops::submit::SubmitRequest {
+    let mut r = request(None, T0);
+    f(&mut r);
+    r
+}
+
+/// Requests each wrong in one field: (request, the field its error names).
+fn bad_requests() -> Vec<(kairos_layer::ops::submit::SubmitRequest, &'static str)> {
+    vec![
+        (changed(|r| r.definition = "nope".into()), "definition"),
+        (changed(|r| r.definition_version = 9), "definition"),
+        (changed(|r| r.definition_version = 0), "definitionVersion"),
         (
-            {
-                let mut r = request(None, T0);
-                r.definition = "nope".into();
-                r
-            },
-            "definition",
-        ),
-        (
-            {
-                let mut r = request(None, T0);
-                r.definition_version = 9;
-                r
-            },
-            "definition",
-        ),
-        (
-            {
-                let mut r = request(None, T0);
-                r.definition_version = 0;
-                r
-            },
-            "definitionVersion",
-        ),
-        (
-            {
-                let mut r = request(None, T0);
-                r.inputs["report_date"] = serde_json::json!("2026-13-01");
-                r
-            },
+            changed(|r| r.inputs["report_date"] = serde_json::json!("2026-13-01")),
             "inputs.report_date",
         ),
+        (changed(|r| r.inputs["extra"] = serde_json::json!(1)), "inputs.extra"),
         (
-            {
-                let mut r = request(None, T0);
-                r.inputs["extra"] = serde_json::json!(1);
-                r
-            },
-            "inputs.extra",
-        ),
-        (
-            {
-                let mut r = request(None, T0);
-                r.inputs = serde_json::json!({"report_date": "2026-01-01"});
-                r
-            },
+            changed(|r| r.inputs = serde_json::json!({"report_date": "2026-01-01"})),
             "inputs.dataset_uri",
         ),
-        (
-            {
-                let mut r = request(None, T0);
-                r.inputs = serde_json::json!([1, 2]);
-                r
-            },
-            "inputs",
-        ),
+        (changed(|r| r.inputs = serde_json::json!([1, 2])), "inputs"),
         (request(None, T0 + 11 * 366 * 24 * 3_600_000), "executeAt"),
         (request(None, T0 - 2 * 24 * 3_600_000), "executeAt"),
         (request(Some(""), T0), "idempotencyKey"),
         (request(Some(&"x".repeat(300)), T0), "idempotencyKey"),
+        (changed(|r| r.namespace = "bad namespace".into()), "namespace"),
         (
-            {
-                let mut r = request(None, T0);
-                r.namespace = "bad namespace".into();
-                r
-            },
-            "namespace",
-        ),
-        (
-            {
-                let mut r = request(None, T0);
-                r.inputs["dataset_uri"] = serde_json::json!(format!("s3://{}", "x".repeat(40_000)));
-                r
-            },
+            changed(|r| {
+                r.inputs["dataset_uri"] = serde_json::json!(format!("s3://{}", "x".repeat(40_000)))
+            }),
             "inputs",
         ),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn bad_submissions_name_the_field() {
+    let w = world(12, FaultConfig::none()).await;
+    let cases = bad_requests();
     for (req, field) in cases {
         let e = w.sched.submit(req).await.unwrap_err();
         let msg = e.to_string();

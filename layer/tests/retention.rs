@@ -16,43 +16,7 @@ fn boom() -> ExecutionError {
 #[tokio::test]
 async fn retention_removes_exactly_what_is_past_its_time() {
     let w = world(11, FaultConfig::none()).await;
-    // 30 executions due now: 10 succeed, 10 fail (one of them replayed later), 10 are
-    // cancelled; 5 more stay scheduled far ahead; all with idempotency keys.
-    let mut ids = Vec::new();
-    for i in 0..30 {
-        let key = format!("k{i}");
-        ids.push(w.sched.submit(request(Some(&key), T0)).await.unwrap().execution.id);
-    }
-    let mut live = Vec::new();
-    for i in 0..5 {
-        let key = format!("live{i}");
-        live.push(
-            w.sched.submit(request(Some(&key), T0 + 30 * 86_400_000)).await.unwrap().execution.id,
-        );
-    }
-    w.fire_all().await;
-    for id in &ids[20..] {
-        w.sched.cancel(NS, id, "test").await.unwrap();
-    }
-    let claimed = w.sched.claim_for(NS, "report", "w", 20, None).await.unwrap();
-    assert_eq!(claimed.len(), 20);
-    for (i, c) in claimed.iter().enumerate() {
-        let id = &c.execution.id;
-        if i % 2 == 0 {
-            w.sched
-                .complete(NS, id, c.attempt.fencing_token, Vec::new(), String::new())
-                .await
-                .unwrap();
-        } else {
-            w.sched.fail(NS, id, c.attempt.fencing_token, boom()).await.unwrap();
-        }
-    }
-    let failed: Vec<String> = claimed
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| i % 2 == 1)
-        .map(|(_, c)| c.execution.id.clone())
-        .collect();
+    let (ids, live, failed) = finished_and_live(&w).await;
     // Eight days later one FAILED execution is replayed: READY again, not terminal.
     w.advance_ms(8 * 86_400_000);
     w.sched.replay(NS, &failed[0], "test").await.unwrap();
@@ -158,4 +122,45 @@ async fn a_sweep_under_load_removes_only_what_is_past_its_time() {
     let report = check_records(w.sched.database(), w.sched.keyspace(), |_| {}).await.unwrap();
     assert!(report.is_clean(), "{:#?}", report.findings);
     w.check_invariants().await;
+}
+
+/// 30 executions due now: 10 succeed, 10 fail, 10 are cancelled; 5 more stay scheduled far
+/// ahead; all with idempotency keys. Returns (the 30, the 5, the failed ones).
+async fn finished_and_live(w: &World) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let key = format!("k{i}");
+        ids.push(w.sched.submit(request(Some(&key), T0)).await.unwrap().execution.id);
+    }
+    let mut live = Vec::new();
+    for i in 0..5 {
+        let key = format!("live{i}");
+        live.push(
+            w.sched.submit(request(Some(&key), T0 + 30 * 86_400_000)).await.unwrap().execution.id,
+        );
+    }
+    w.fire_all().await;
+    for id in &ids[20..] {
+        w.sched.cancel(NS, id, "test").await.unwrap();
+    }
+    let claimed = w.sched.claim_for(NS, "report", "w", 20, None).await.unwrap();
+    assert_eq!(claimed.len(), 20);
+    for (i, c) in claimed.iter().enumerate() {
+        let id = &c.execution.id;
+        if i % 2 == 0 {
+            w.sched
+                .complete(NS, id, c.attempt.fencing_token, Vec::new(), String::new())
+                .await
+                .unwrap();
+        } else {
+            w.sched.fail(NS, id, c.attempt.fencing_token, boom()).await.unwrap();
+        }
+    }
+    let failed: Vec<String> = claimed
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, c)| c.execution.id.clone())
+        .collect();
+    (ids, live, failed)
 }

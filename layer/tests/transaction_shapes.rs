@@ -79,7 +79,25 @@ async fn full_batches_commit_in_a_few_round_trips() {
     println!("submit_batch of {SUBMIT_BATCH_MAX}: {took:?}");
     assert!(took < BATCH_BOUND, "submit_batch took {took:?}");
 
-    // Fire everything (the owner holds every shard), one full batch per shard.
+    fire_everything(&sched, &clock).await;
+    let claimed = claim_everything(&sched, &clock).await;
+    heartbeat_and_complete(&sched, &clock, &claimed).await;
+    // A list filtered by status and definition: bounded pages, each a short transaction.
+    let q = ListQuery {
+        namespace: NS.into(),
+        status: Some(ExecutionStatus::Succeeded),
+        definition: Some("job".into()),
+        limit: 1_000,
+        ..ListQuery::default()
+    };
+    let (page, took) = timed(&clock, sched.list(&q)).await;
+    assert_eq!(page.expect("list").executions.len(), 1_000);
+    println!("list page of 1,000: {took:?}");
+    assert!(took < BATCH_BOUND, "list took {took:?}");
+}
+
+/// Fires everything (the owner holds every shard), one full batch per shard.
+async fn fire_everything(sched: &Scheduler, clock: &SharedClock) {
     let mut epochs = Vec::new();
     for shard in 0..64 {
         let wanted = [(Space::Executions, shard)];
@@ -90,25 +108,38 @@ async fn full_batches_commit_in_a_few_round_trips() {
     let mut fired = 0;
     for (shard, epoch) in epochs.iter().enumerate() {
         let (out, took) =
-            timed(&clock, sched.fire_due(shard as u32, *epoch, now, 1_000, &Default::default()))
+            timed(clock, sched.fire_due(shard as u32, *epoch, now, 1_000, &Default::default()))
                 .await;
         let out = out.expect("fire commits");
         fired += out.fired.len();
         assert!(took < BATCH_BOUND, "fire_due of {} took {took:?}", out.fired.len());
     }
     assert_eq!(fired, SUBMIT_BATCH_MAX);
+}
 
-    // One claim for every waiting worker: 1,000 executions.
+/// One claim for every waiting worker: 1,000 executions.
+async fn claim_everything(
+    sched: &Scheduler,
+    clock: &SharedClock,
+) -> Vec<kairos_layer::ops::claim::Claimed> {
     let slots: Vec<ClaimSlot> = (0..4)
         .map(|i| ClaimSlot { worker_id: format!("w{i}"), max: 250, lease_ms: None })
         .collect();
     const { assert!(1_000 <= CLAIM_EXECUTIONS_MAX) };
-    let (claimed, took) = timed(&clock, sched.claim(NS, "job", &slots)).await;
+    let (claimed, took) = timed(clock, sched.claim(NS, "job", &slots)).await;
     let claimed: Vec<_> = claimed.expect("claim commits").per_slot.into_iter().flatten().collect();
     println!("claim of {}: {took:?}", claimed.len());
     assert_eq!(claimed.len(), SUBMIT_BATCH_MAX);
     assert!(took < BATCH_BOUND, "claim took {took:?}");
+    claimed
+}
 
+/// A heartbeat for each claimed execution, then a completion for each: one transaction each.
+async fn heartbeat_and_complete(
+    sched: &Scheduler,
+    clock: &SharedClock,
+    claimed: &[kairos_layer::ops::claim::Claimed],
+) {
     let beats: Vec<Beat> = claimed
         .iter()
         .map(|c| Beat {
@@ -119,7 +150,7 @@ async fn full_batches_commit_in_a_few_round_trips() {
         })
         .collect();
     tokio::time::advance(Duration::from_millis(10)).await;
-    let (beat, took) = timed(&clock, sched.heartbeat(beats)).await;
+    let (beat, took) = timed(clock, sched.heartbeat(beats)).await;
     assert!(beat.expect("heartbeats commit").iter().all(|r| r.is_ok()));
     println!("heartbeat of {}: {took:?}", claimed.len());
     assert!(took < BATCH_BOUND, "heartbeat took {took:?}");
@@ -139,24 +170,11 @@ async fn full_batches_commit_in_a_few_round_trips() {
             })
         })
         .collect();
-    let (out, took) = timed(&clock, sched.report(done)).await;
+    let (out, took) = timed(clock, sched.report(done)).await;
     let out = out.expect("completions commit");
     assert!(out.iter().all(|r| r.as_ref().is_ok_and(|e| e.status() == ExecutionStatus::Succeeded)));
     println!("report (completions) of {}: {took:?}", out.len());
     assert!(took < BATCH_BOUND, "report took {took:?}");
-
-    // A list filtered by status and definition: bounded pages, each a short transaction.
-    let q = ListQuery {
-        namespace: NS.into(),
-        status: Some(ExecutionStatus::Succeeded),
-        definition: Some("job".into()),
-        limit: 1_000,
-        ..ListQuery::default()
-    };
-    let (page, took) = timed(&clock, sched.list(&q)).await;
-    assert_eq!(page.expect("list").executions.len(), 1_000);
-    println!("list page of 1,000: {took:?}");
-    assert!(took < BATCH_BOUND, "list took {took:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -273,112 +273,100 @@ fn garbage_never_panics() {
     }
 }
 
+/// Whole files with a mistake in their top-level fields: (source, field, message).
+const TOP_LEVEL_ERRORS: &[(&str, &str, &str)] = &[
+    ("version: 1\nexecution: {type: x}", "name", "name: is required"),
+    (
+        "name: Bad\nversion: 1\nexecution: {type: x}",
+        "name",
+        "name: must match [a-z0-9][a-z0-9-_.]{0,127}",
+    ),
+    ("name: -x\nversion: 1\nexecution: {type: x}", "name", "must match"),
+    ("name: 12\nversion: 1\nexecution: {type: x}", "name", "must match"),
+    ("name: x\nexecution: {type: x}", "version", "version: is required"),
+    ("name: x\nversion: 0\nexecution: {type: x}", "version", "version: must be a positive integer"),
+    ("name: x\nversion: -3\nexecution: {type: x}", "version", "must be a positive integer"),
+    ("name: x\nversion: 1.5\nexecution: {type: x}", "version", "must be a positive integer"),
+    ("name: x\nversion: \"3\"\nexecution: {type: x}", "version", "must be a positive integer"),
+    ("name: x\nversion: 4294967296\nexecution: {type: x}", "version", "up to 4294967295"),
+    ("name: x\nversion: 1", "execution", "execution: is required"),
+    ("name: x\nversion: 1\nexecution: docker", "execution", "must be a mapping, got a string"),
+    ("name: x\nversion: 1\nexecution: {image: y}", "execution.type", "execution.type: is required"),
+    ("name: x\nversion: 1\nexecution: {type: 3}", "execution.type", "must be a string"),
+    ("name: x\nversion: 1\nexecution: {type: ''}", "execution.type", "must not be empty"),
+    ("name: x\nversion: 1\nexecution: {type: x, n: [1, .nan]}", "execution.n[1]", "finite"),
+];
+
+/// A good file with one section added or replaced: (section, field, message).
+const SECTION_ERRORS: &[(&str, &str, &str)] = &[
+    (
+        "inputs:\n  report_date: dat",
+        "inputs.report_date.type",
+        "inputs.report_date.type: unknown type \"dat\" (expected one of string, int, number, bool, date, datetime, uri, object, list)",
+    ),
+    ("inputs: {d: {type: Date}}", "inputs.d.type", "unknown type \"Date\""),
+    ("inputs: {d: {required: true}}", "inputs.d.type", "inputs.d.type: is required"),
+    ("inputs: {d: {type: 5}}", "inputs.d.type", "must be a string"),
+    ("inputs: {d: {type: int, required: yes}}", "inputs.d.required", "must be true or false"),
+    ("inputs: {d: {type: int, default: 1, required: true}}", "inputs.d.required", "cannot be true"),
+    ("inputs: {d: {type: int, default: 1.5}}", "inputs.d.default", "expected int"),
+    (
+        "inputs: {d: {type: date, default: \"2026-02-30\"}}",
+        "inputs.d.default",
+        "expected date (YYYY-MM-DD), got \"2026-02-30\"",
+    ),
+    (
+        "inputs: {d: {type: int, defualt: 1}}",
+        "inputs.d.defualt",
+        "unknown key (expected one of type, required, default, description)",
+    ),
+    ("inputs: {d: 7}", "inputs.d", "must be a type name"),
+    ("inputs: {bad-name: int}", "inputs.bad-name", "name must match [A-Za-z_]"),
+    ("inputs: {9lives: int}", "inputs.9lives", "name must match"),
+    ("inputs: [a, b]", "inputs", "must be a mapping of name to type, got a list"),
+    (
+        "outputs: {o: {type: int, default: 1}}",
+        "outputs.o.default",
+        "expected one of type, description",
+    ),
+    ("outputs: {o: {type: str}}", "outputs.o.type", "unknown type \"str\""),
+    ("outputs: {o: {description: x}}", "outputs.o.type", "is required"),
+    ("queue: Not-Valid", "queue", "queue: must match"),
+    ("queue: 5", "queue", "must be a string"),
+    (
+        "retry: {max_attempts: 0}",
+        "retry.max_attempts",
+        "retry.max_attempts: must be between 1 and 100",
+    ),
+    ("retry: {max_attempts: 101}", "retry.max_attempts", "must be between 1 and 100"),
+    ("retry: {max_attempts: two}", "retry.max_attempts", "must be an integer between 1 and 100"),
+    (
+        "retry: {base_delay: 10m}",
+        "retry.max_delay",
+        "must be at least base_delay (10m), is 5m (the default)",
+    ),
+    ("retry: {base_delay: 2s, max_delay: 1s}", "retry.max_delay", "is 1s"),
+    ("retry: {max_delay: forever}", "retry.max_delay", "invalid duration \"forever\""),
+    ("retry: {jitter: true}", "retry.jitter", "unknown key"),
+    ("retry: 3", "retry", "retry: must be a mapping, got an integer"),
+    ("timeouts: {lease: 0}", "timeouts.lease", "must be greater than 0"),
+    ("timeouts: {heartbeat: 5s}", "timeouts.heartbeat", "unknown key"),
+    ("description: [a]", "description", "must be a string, got a list"),
+    (
+        "labels: {a: b}\nowner: me",
+        "labels",
+        "labels: unknown key (expected one of name, version, description, inputs, outputs, execution, queue, retry, timeouts; also unknown: owner)",
+    ),
+];
+
 #[test]
 fn validation_errors_name_the_field() {
-    let cases: &[(&str, &str, &str)] = &[
-        ("version: 1\nexecution: {type: x}", "name", "name: is required"),
-        (
-            "name: Bad\nversion: 1\nexecution: {type: x}",
-            "name",
-            "name: must match [a-z0-9][a-z0-9-_.]{0,127}",
-        ),
-        ("name: -x\nversion: 1\nexecution: {type: x}", "name", "must match"),
-        ("name: 12\nversion: 1\nexecution: {type: x}", "name", "must match"),
-        ("name: x\nexecution: {type: x}", "version", "version: is required"),
-        (
-            "name: x\nversion: 0\nexecution: {type: x}",
-            "version",
-            "version: must be a positive integer",
-        ),
-        ("name: x\nversion: -3\nexecution: {type: x}", "version", "must be a positive integer"),
-        ("name: x\nversion: 1.5\nexecution: {type: x}", "version", "must be a positive integer"),
-        ("name: x\nversion: \"3\"\nexecution: {type: x}", "version", "must be a positive integer"),
-        ("name: x\nversion: 4294967296\nexecution: {type: x}", "version", "up to 4294967295"),
-        ("name: x\nversion: 1", "execution", "execution: is required"),
-        ("name: x\nversion: 1\nexecution: docker", "execution", "must be a mapping, got a string"),
-        (
-            "name: x\nversion: 1\nexecution: {image: y}",
-            "execution.type",
-            "execution.type: is required",
-        ),
-        ("name: x\nversion: 1\nexecution: {type: 3}", "execution.type", "must be a string"),
-        ("name: x\nversion: 1\nexecution: {type: ''}", "execution.type", "must not be empty"),
-        ("name: x\nversion: 1\nexecution: {type: x, n: [1, .nan]}", "execution.n[1]", "finite"),
-    ];
-    for (src, field, msg) in cases {
+    for (src, field, msg) in TOP_LEVEL_ERRORS {
         let (f, m) = parse_err(src);
         assert_eq!(&f, field, "{src}: {m}");
         assert!(m.contains(msg), "{src}: {m}");
     }
-    let cases: &[(&str, &str, &str)] = &[
-        (
-            "inputs:\n  report_date: dat",
-            "inputs.report_date.type",
-            "inputs.report_date.type: unknown type \"dat\" (expected one of string, int, number, bool, date, datetime, uri, object, list)",
-        ),
-        ("inputs: {d: {type: Date}}", "inputs.d.type", "unknown type \"Date\""),
-        ("inputs: {d: {required: true}}", "inputs.d.type", "inputs.d.type: is required"),
-        ("inputs: {d: {type: 5}}", "inputs.d.type", "must be a string"),
-        ("inputs: {d: {type: int, required: yes}}", "inputs.d.required", "must be true or false"),
-        (
-            "inputs: {d: {type: int, default: 1, required: true}}",
-            "inputs.d.required",
-            "cannot be true",
-        ),
-        ("inputs: {d: {type: int, default: 1.5}}", "inputs.d.default", "expected int"),
-        (
-            "inputs: {d: {type: date, default: \"2026-02-30\"}}",
-            "inputs.d.default",
-            "expected date (YYYY-MM-DD), got \"2026-02-30\"",
-        ),
-        (
-            "inputs: {d: {type: int, defualt: 1}}",
-            "inputs.d.defualt",
-            "unknown key (expected one of type, required, default, description)",
-        ),
-        ("inputs: {d: 7}", "inputs.d", "must be a type name"),
-        ("inputs: {bad-name: int}", "inputs.bad-name", "name must match [A-Za-z_]"),
-        ("inputs: {9lives: int}", "inputs.9lives", "name must match"),
-        ("inputs: [a, b]", "inputs", "must be a mapping of name to type, got a list"),
-        (
-            "outputs: {o: {type: int, default: 1}}",
-            "outputs.o.default",
-            "expected one of type, description",
-        ),
-        ("outputs: {o: {type: str}}", "outputs.o.type", "unknown type \"str\""),
-        ("outputs: {o: {description: x}}", "outputs.o.type", "is required"),
-        ("queue: Not-Valid", "queue", "queue: must match"),
-        ("queue: 5", "queue", "must be a string"),
-        (
-            "retry: {max_attempts: 0}",
-            "retry.max_attempts",
-            "retry.max_attempts: must be between 1 and 100",
-        ),
-        ("retry: {max_attempts: 101}", "retry.max_attempts", "must be between 1 and 100"),
-        (
-            "retry: {max_attempts: two}",
-            "retry.max_attempts",
-            "must be an integer between 1 and 100",
-        ),
-        (
-            "retry: {base_delay: 10m}",
-            "retry.max_delay",
-            "must be at least base_delay (10m), is 5m (the default)",
-        ),
-        ("retry: {base_delay: 2s, max_delay: 1s}", "retry.max_delay", "is 1s"),
-        ("retry: {max_delay: forever}", "retry.max_delay", "invalid duration \"forever\""),
-        ("retry: {jitter: true}", "retry.jitter", "unknown key"),
-        ("retry: 3", "retry", "retry: must be a mapping, got an integer"),
-        ("timeouts: {lease: 0}", "timeouts.lease", "must be greater than 0"),
-        ("timeouts: {heartbeat: 5s}", "timeouts.heartbeat", "unknown key"),
-        ("description: [a]", "description", "must be a string, got a list"),
-        (
-            "labels: {a: b}\nowner: me",
-            "labels",
-            "labels: unknown key (expected one of name, version, description, inputs, outputs, execution, queue, retry, timeouts; also unknown: owner)",
-        ),
-    ];
-    for (extra, field, msg) in cases {
+    for (extra, field, msg) in SECTION_ERRORS {
         let (f, m) = parse_err(&with(extra));
         assert_eq!(&f, field, "{extra}: {m}");
         assert!(m.contains(msg), "{extra}: {m}");

@@ -236,23 +236,8 @@ fn check_value(
     match tag {
         Tag::Cluster => drop(decodes::<ClusterConfig>(report, key, "cluster", value)),
         Tag::Execution => check_execution(ks, key, value, report, r),
-        Tag::Attempt => {
-            let Ok((ns, id, _)) = ks.parse_attempt(key) else { return };
-            if decodes::<Attempt>(report, key, "attempt", value).is_some() {
-                r.refs.push((key.to_vec(), ns, id, "execution"));
-            }
-        }
-        Tag::Idempotency => {
-            let Ok((ns, _)) = ks.parse_idempotency(key) else { return };
-            if let Some(rec) = decodes::<IdempotencyRecord>(report, key, "idempotency", value) {
-                r.refs.push((key.to_vec(), ns, rec.execution_id, "execution"));
-            }
-        }
-        Tag::Timer => {
-            let Ok(t) = ks.parse_timer(key) else { return };
-            if let Some(entry) = decodes::<TimerEntry>(report, key, "timer", value) {
-                r.refs.push((key.to_vec(), entry.namespace, t.execution_id, "execution"));
-            }
+        Tag::Attempt | Tag::Idempotency | Tag::Timer | Tag::CronTimer | Tag::Ready => {
+            check_reference(ks, tag, key, value, report, r)
         }
         Tag::Watermark | Tag::CronWatermark | Tag::ReadySignal | Tag::StatusCount
             if value.len() != 8 =>
@@ -265,22 +250,12 @@ fn check_value(
         }
         Tag::Node => drop(decodes::<NodeRecord>(report, key, "node", value)),
         Tag::CronJob => check_cron_job(ks, key, value, report, r),
-        Tag::CronTimer => {
-            let Ok(t) = ks.parse_cron_timer(key) else { return };
-            if let Some(entry) = decodes::<CronTimerEntry>(report, key, "cron timer", value) {
-                r.refs.push((key.to_vec(), entry.namespace, t.cron_job_id, "cron job"));
-            }
-        }
         Tag::Definition => drop(decodes::<JobDefinition>(report, key, "definition", value)),
         Tag::PartitionOwner => {
             drop(decodes::<PartitionOwner>(report, key, "partition owner", value))
         }
         Tag::PartitionExpiry => {
             drop(decodes::<PartitionExpiry>(report, key, "partition expiry", value))
-        }
-        Tag::Ready => {
-            let Ok(rk) = ks.parse_ready(key) else { return };
-            r.refs.push((key.to_vec(), rk.namespace, rk.execution_id, "execution"));
         }
         Tag::Quarantine => drop(decodes::<QuarantineRecord>(report, key, "quarantine", value)),
         Tag::ApiKey => {
@@ -300,6 +275,49 @@ fn check_value(
         | Tag::Watermark
         | Tag::CronWatermark
         | Tag::ReadySignal => {}
+    }
+}
+
+/// A record that refers to an execution or a cron job: it decodes, and what it names is
+/// checked once every record is known.
+fn check_reference(
+    ks: &Keyspace,
+    tag: Tag,
+    key: &[u8],
+    value: &[u8],
+    report: &mut CheckReport,
+    r: &mut Refs,
+) {
+    match tag {
+        Tag::Attempt => {
+            let Ok((ns, id, _)) = ks.parse_attempt(key) else { return };
+            if decodes::<Attempt>(report, key, "attempt", value).is_some() {
+                r.refs.push((key.to_vec(), ns, id, "execution"));
+            }
+        }
+        Tag::Idempotency => {
+            let Ok((ns, _)) = ks.parse_idempotency(key) else { return };
+            if let Some(rec) = decodes::<IdempotencyRecord>(report, key, "idempotency", value) {
+                r.refs.push((key.to_vec(), ns, rec.execution_id, "execution"));
+            }
+        }
+        Tag::Timer => {
+            let Ok(t) = ks.parse_timer(key) else { return };
+            if let Some(entry) = decodes::<TimerEntry>(report, key, "timer", value) {
+                r.refs.push((key.to_vec(), entry.namespace, t.execution_id, "execution"));
+            }
+        }
+        Tag::CronTimer => {
+            let Ok(t) = ks.parse_cron_timer(key) else { return };
+            if let Some(entry) = decodes::<CronTimerEntry>(report, key, "cron timer", value) {
+                r.refs.push((key.to_vec(), entry.namespace, t.cron_job_id, "cron job"));
+            }
+        }
+        Tag::Ready => {
+            let Ok(rk) = ks.parse_ready(key) else { return };
+            r.refs.push((key.to_vec(), rk.namespace, rk.execution_id, "execution"));
+        }
+        _ => {}
     }
 }
 

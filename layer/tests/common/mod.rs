@@ -169,25 +169,7 @@ impl World {
             .collect();
         let by_id: BTreeMap<String, &Execution> =
             executions.iter().map(|e| (e.id.clone(), e)).collect();
-        // Timers: never below the watermark, always the execution's current timer.
-        for (k, _) in in_tag(Tag::Timer) {
-            let t = ks.parse_timer(&k).unwrap();
-            assert!(
-                t.bucket >= watermarks[&t.shard],
-                "timer {t:?} below watermark {}",
-                watermarks[&t.shard]
-            );
-            let e = by_id.get(&t.execution_id).unwrap_or_else(|| panic!("orphan timer {t:?}"));
-            let r = e
-                .timer
-                .as_ref()
-                .unwrap_or_else(|| panic!("timer {t:?} of an execution without one"));
-            assert_eq!(
-                (r.fire_at_ms, r.kind, r.bucket),
-                (t.fire_at_ms, t.kind, t.bucket),
-                "stale timer"
-            );
-        }
+        check_timers(ks, &in_tag(Tag::Timer), &watermarks, &by_id);
         let ready: Vec<_> =
             in_tag(Tag::Ready).iter().map(|(k, _)| ks.parse_ready(k).unwrap()).collect();
         for r in &ready {
@@ -201,56 +183,7 @@ impl World {
             assert_eq!(n, actual, "status count of {status:?}");
         }
         for e in &executions {
-            let timer_kind = e.timer.as_ref().map(|t| t.kind());
-            let want_timer = match e.status() {
-                ExecutionStatus::Scheduled => Some(TimerKind::Due),
-                ExecutionStatus::RetryWait => Some(TimerKind::Retry),
-                ExecutionStatus::Running => Some(TimerKind::LeaseCheck),
-                _ => None,
-            };
-            assert_eq!(timer_kind, want_timer, "execution {} in {:?}", e.id, e.status());
-            if let Some(t) = &e.timer {
-                let key = ks.timer(&kairos_layer::keys::TimerKey {
-                    bucket: t.bucket,
-                    shard: e.shard,
-                    fire_at_ms: t.fire_at_ms,
-                    execution_id: e.id.clone(),
-                    kind: t.kind,
-                });
-                assert!(dump.contains_key(&key), "timer of {} missing", e.id);
-            }
-            let queued = ready.iter().filter(|r| r.execution_id == e.id).count();
-            assert_eq!(
-                queued,
-                usize::from(e.status() == ExecutionStatus::Ready),
-                "ready entries of {}",
-                e.id
-            );
-            let policy = e.retry_policy.unwrap_or_default();
-            assert!(
-                e.attempt_count - e.attempt_base - e.attempts_released <= policy.max_attempts,
-                "attempts over the maximum"
-            );
-            // Attempt records are written when attempts end; a running one lives on the
-            // execution.
-            // Attempt records are written when attempts end unsuccessfully; a running one and a
-            // successful one live on the execution.
-            let attempts =
-                dump.range(ks.attempts(NS, &e.id).begin..ks.attempts(NS, &e.id).end).count();
-            let on_record = u32::from(matches!(
-                e.status(),
-                ExecutionStatus::Running | ExecutionStatus::Succeeded
-            ));
-            assert_eq!(attempts as u32 + on_record, e.attempt_count, "attempt records of {}", e.id);
-            let statuses: Vec<i32> = (0..8)
-                .filter(|s| dump.contains_key(&ks.by_status(NS, *s, e.execute_at_ms, &e.id)))
-                .collect();
-            let want: Vec<i32> = if kairos_layer::ops::records::is_indexed(e.status) {
-                vec![e.status]
-            } else {
-                Vec::new()
-            };
-            assert_eq!(statuses, want, "status index of {}", e.id);
+            check_execution(ks, &dump, &ready, e);
         }
     }
 }
@@ -384,4 +317,85 @@ impl TestOps for Scheduler {
     async fn release_shard(&self, shard: u32, node: &str, epoch: u64) -> Result<()> {
         self.release_partitions(&[(Space::Executions, shard, epoch)], node).await
     }
+}
+
+type Dump = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Timers: never below the watermark, always the execution's current timer.
+fn check_timers(
+    ks: &Keyspace,
+    timers: &[(Vec<u8>, Vec<u8>)],
+    watermarks: &BTreeMap<u32, i64>,
+    by_id: &BTreeMap<String, &Execution>,
+) {
+    for (k, _) in timers {
+        let t = ks.parse_timer(k).unwrap();
+        assert!(
+            t.bucket >= watermarks[&t.shard],
+            "timer {t:?} below watermark {}",
+            watermarks[&t.shard]
+        );
+        let e = by_id.get(&t.execution_id).unwrap_or_else(|| panic!("orphan timer {t:?}"));
+        let r =
+            e.timer.as_ref().unwrap_or_else(|| panic!("timer {t:?} of an execution without one"));
+        assert_eq!(
+            (r.fire_at_ms, r.kind, r.bucket),
+            (t.fire_at_ms, t.kind, t.bucket),
+            "stale timer"
+        );
+    }
+}
+
+/// One execution against what the keyspace holds of it: its timer, ready entry, attempts and
+/// indexes.
+fn check_execution(
+    ks: &Keyspace,
+    dump: &Dump,
+    ready: &[kairos_layer::keys::ReadyKey],
+    e: &Execution,
+) {
+    let timer_kind = e.timer.as_ref().map(|t| t.kind());
+    let want_timer = match e.status() {
+        ExecutionStatus::Scheduled => Some(TimerKind::Due),
+        ExecutionStatus::RetryWait => Some(TimerKind::Retry),
+        ExecutionStatus::Running => Some(TimerKind::LeaseCheck),
+        _ => None,
+    };
+    assert_eq!(timer_kind, want_timer, "execution {} in {:?}", e.id, e.status());
+    if let Some(t) = &e.timer {
+        let key = ks.timer(&kairos_layer::keys::TimerKey {
+            bucket: t.bucket,
+            shard: e.shard,
+            fire_at_ms: t.fire_at_ms,
+            execution_id: e.id.clone(),
+            kind: t.kind,
+        });
+        assert!(dump.contains_key(&key), "timer of {} missing", e.id);
+    }
+    let queued = ready.iter().filter(|r| r.execution_id == e.id).count();
+    assert_eq!(
+        queued,
+        usize::from(e.status() == ExecutionStatus::Ready),
+        "ready entries of {}",
+        e.id
+    );
+    let policy = e.retry_policy.unwrap_or_default();
+    assert!(
+        e.attempt_count - e.attempt_base - e.attempts_released <= policy.max_attempts,
+        "attempts over the maximum"
+    );
+    // Attempt records are written when attempts end; a running one lives on the
+    // execution.
+    // Attempt records are written when attempts end unsuccessfully; a running one and a
+    // successful one live on the execution.
+    let attempts = dump.range(ks.attempts(NS, &e.id).begin..ks.attempts(NS, &e.id).end).count();
+    let on_record =
+        u32::from(matches!(e.status(), ExecutionStatus::Running | ExecutionStatus::Succeeded));
+    assert_eq!(attempts as u32 + on_record, e.attempt_count, "attempt records of {}", e.id);
+    let statuses: Vec<i32> = (0..8)
+        .filter(|s| dump.contains_key(&ks.by_status(NS, *s, e.execute_at_ms, &e.id)))
+        .collect();
+    let want: Vec<i32> =
+        if kairos_layer::ops::records::is_indexed(e.status) { vec![e.status] } else { Vec::new() };
+    assert_eq!(statuses, want, "status index of {}", e.id);
 }

@@ -173,20 +173,30 @@ fn attempt_event_name(e: AttemptEvent) -> &'static str {
     }
 }
 
+/// The short name of a status enum's value: `EXECUTION_STATUS_RUNNING` → `RUNNING` (execution,
+/// attempt and cron job statuses alike). The one place status names are written.
+pub fn short_name(full: &'static str) -> &'static str {
+    full.split_once("_STATUS_").map_or(full, |(_, s)| s)
+}
+
 /// The short name of an execution status (`RUNNING`), for messages and metrics; `UNKNOWN` for a
 /// number no status has.
 pub fn status_name(status: i32) -> &'static str {
-    ExecutionStatus::try_from(status)
-        .map(|s| s.as_str_name().trim_start_matches("EXECUTION_STATUS_"))
-        .unwrap_or("UNKNOWN")
+    ExecutionStatus::try_from(status).map(|s| short_name(s.as_str_name())).unwrap_or("UNKNOWN")
 }
+
+/// The execution status of a short name, any case (`running` → RUNNING).
+pub fn parse_status(name: &str) -> Option<ExecutionStatus> {
+    ExecutionStatus::from_str_name(&format!("EXECUTION_STATUS_{}", name.to_ascii_uppercase()))
+}
+
+/// The statuses an Execution never leaves (Replay aside).
+pub const TERMINAL: [ExecutionStatus; 3] =
+    [ExecutionStatus::Succeeded, ExecutionStatus::Failed, ExecutionStatus::Cancelled];
 
 /// Whether an Execution in `state` will never change again (Replay aside).
 pub fn is_terminal(state: ExecutionStatus) -> bool {
-    matches!(
-        state,
-        ExecutionStatus::Succeeded | ExecutionStatus::Failed | ExecutionStatus::Cancelled
-    )
+    TERMINAL.contains(&state)
 }
 
 #[cfg(test)]
@@ -264,6 +274,9 @@ mod tests {
         );
         assert_eq!(status_name(S::RetryWait as i32), "RETRY_WAIT");
         assert_eq!(status_name(99), "UNKNOWN");
+        assert_eq!(parse_status("retry_wait"), Some(S::RetryWait));
+        assert_eq!(parse_status("sleeping"), None);
+        assert_eq!(short_name("ATTEMPT_STATUS_TIMED_OUT"), "TIMED_OUT");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use kairos_layer::definition::definition_uri;
+use kairos_layer::state::short_name;
 use kairos_proto::storage::v1::{Attempt, Execution, ExecutionError, JobDefinition};
 use serde::Serialize;
 use serde_json::Value;
@@ -19,10 +20,6 @@ pub fn parse_rfc3339(s: &str) -> Result<i64, String> {
     DateTime::parse_from_rfc3339(s).map(|t| t.timestamp_millis()).map_err(|e| {
         format!("must be an RFC 3339 timestamp like 2026-08-13T02:00:00Z ({e}), got {s:?}")
     })
-}
-
-fn status_name(name: &str) -> String {
-    name.split_once("_STATUS_").map_or(name, |(_, s)| s).to_string()
 }
 
 /// An error of an attempt or execution.
@@ -101,7 +98,7 @@ pub fn execution(e: &Execution, attempts: Option<&[Attempt]>) -> ExecutionView {
         definition_version: e.definition_version,
         inputs: serde_json::from_slice(&e.input_json).unwrap_or(Value::Null),
         execute_at: rfc3339(e.execute_at_ms),
-        status: status_name(e.status().as_str_name()),
+        status: short_name(e.status().as_str_name()).to_string(),
         idempotency_key: (!e.idempotency_key.is_empty()).then(|| e.idempotency_key.clone()),
         cron_job_id: (!e.cron_job_id.is_empty()).then(|| e.cron_job_id.clone()),
         cron_occurrence: rfc3339(e.cron_occurrence_ms),
@@ -113,7 +110,7 @@ pub fn execution(e: &Execution, attempts: Option<&[Attempt]>) -> ExecutionView {
             a.iter()
                 .map(|a| AttemptView {
                     number: a.number,
-                    status: status_name(a.status().as_str_name()),
+                    status: short_name(a.status().as_str_name()).to_string(),
                     worker_id: a.worker_id.clone(),
                     started_at: rfc3339(a.started_at_ms),
                     ended_at: rfc3339(a.ended_at_ms),

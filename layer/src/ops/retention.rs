@@ -4,7 +4,7 @@
 //! [`SWEEP_BATCH_MAX`] executions, found through the status index (ordered by `execute_at`,
 //! which is never after `finished_at`), so a sweep reads only what it may delete.
 
-use kairos_proto::storage::v1::{Execution, ExecutionStatus, IdempotencyRecord};
+use kairos_proto::storage::v1::{Execution, IdempotencyRecord};
 
 use super::Scheduler;
 use super::error::{Error, Result};
@@ -22,9 +22,6 @@ pub struct Swept {
     /// The batch was full: more may be due.
     pub more: bool,
 }
-
-const TERMINAL: [ExecutionStatus; 3] =
-    [ExecutionStatus::Succeeded, ExecutionStatus::Failed, ExecutionStatus::Cancelled];
 
 impl Scheduler {
     /// Namespaces that hold executions (those with status counters), in order.
@@ -51,7 +48,7 @@ impl Scheduler {
         self.db
             .run(|tx| async move {
                 let mut swept = Swept::default();
-                for status in TERMINAL {
+                for status in crate::state::TERMINAL {
                     let room = max - swept.deleted as usize;
                     if room == 0 {
                         swept.more = true;

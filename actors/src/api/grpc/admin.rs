@@ -11,6 +11,7 @@ use tonic::Request;
 use super::executions::list_query;
 use super::{ALL, Api, Reply, convert, ok, or_default, status};
 use crate::server::auth::{AuthMode, Scope};
+use kairos_layer::state::is_terminal;
 
 #[tonic::async_trait]
 impl AdminService for Api {
@@ -168,10 +169,9 @@ impl AdminService for Api {
         let config = self.node.config();
         let quota = config.quotas.of(&ns);
         let counts = self.node.scheduler().status_counts(&ns).await.map_err(|e| status(&e))?;
-        use storage::ExecutionStatus as S;
         let pending = counts
             .iter()
-            .filter(|(s, _)| matches!(s, S::Scheduled | S::Ready | S::Running | S::RetryWait))
+            .filter(|(s, _)| !is_terminal(*s) && *s != storage::ExecutionStatus::Unspecified)
             .map(|(_, n)| (*n).max(0) as u64)
             .sum();
         use kairos_layer::limits as l;

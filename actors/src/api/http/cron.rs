@@ -35,11 +35,9 @@ use crate::server::auth::Scope;
 fn view(j: &kairos_proto::storage::v1::CronJob) -> Value {
     let a = cron_job(j);
     let p = a.policies.unwrap_or_default();
-    let status = api::CronStatus::try_from(a.status)
-        .unwrap_or_default()
-        .as_str_name()
-        .trim_start_matches("CRON_STATUS_")
-        .to_string();
+    let status = kairos_layer::state::short_name(
+        api::CronStatus::try_from(a.status).unwrap_or_default().as_str_name(),
+    );
     json!({
         "cronJobId": a.cron_job_id,
         "namespace": a.namespace,

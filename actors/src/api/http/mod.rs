@@ -206,11 +206,8 @@ async fn list(
         let status = match &p.status {
             None => None,
             Some(s) => Some(
-                kairos_proto::storage::v1::ExecutionStatus::from_str_name(&format!(
-                    "EXECUTION_STATUS_{}",
-                    s.to_ascii_uppercase()
-                ))
-                .ok_or_else(|| invalid("status", format!("unknown status {s:?}")))?,
+                kairos_layer::state::parse_status(s)
+                    .ok_or_else(|| invalid("status", format!("unknown status {s:?}")))?,
             ),
         };
         let cursor = match p.cursor.as_deref().filter(|c| !c.is_empty()) {

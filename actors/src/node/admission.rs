@@ -31,8 +31,9 @@ impl Node {
     ) -> ops::Result<Vec<ops::Result<Submitted>>> {
         // Before any quota counts the batch.
         check_batch("requests", items.len(), SUBMIT_BATCH_MAX)?;
-        let items = self.admit_batch(items).await;
+        let (n, items) = (items.len(), self.admit_batch(items).await);
         let out = self.ctx().sched.submit_batch(items).await?;
+        assert_eq!(out.len(), n, "one result per item, in order");
         effects::submitted(self.ctx(), out.iter().flatten());
         Ok(out)
     }

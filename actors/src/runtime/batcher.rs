@@ -103,11 +103,14 @@ where
             }
         }
         let apply = apply.clone();
+        let total = items.len();
         tokio::spawn(async move {
             let out = apply(items).await;
             drop(permit);
             match out {
                 Ok(results) => {
+                    // Each caller takes its own items' results, in order: one per item.
+                    assert_eq!(results.len(), total, "one result per batched item");
                     let mut results = results.into_iter();
                     for (n, reply) in callers {
                         let mine: Vec<R> = results.by_ref().take(n).collect();

@@ -198,6 +198,8 @@ impl Matchmaker {
             }
         }
         queue.reserved += grants.len();
+        assert!(grants.len() <= n, "never more grants than asked");
+        debug_assert!(queue.limit.is_none_or(|l| queue.in_flight + queue.reserved <= l));
         grants
     }
 
@@ -205,6 +207,7 @@ impl Matchmaker {
     pub fn give_back(&self, q: &QueueKey, grants: Vec<Grant>) {
         let mut m = self.lock();
         let Some(queue) = m.get_mut(q) else { return };
+        debug_assert!(queue.reserved >= grants.len(), "only reserved grants come back");
         queue.reserved = queue.reserved.saturating_sub(grants.len());
         for g in grants {
             if let Some(s) = queue.slots.get_mut(&g.slot) {
@@ -219,6 +222,7 @@ impl Matchmaker {
         let mut m = self.lock();
         let queue = self.queue(&mut m, q);
         let n: usize = per_slot.iter().map(|(_, n)| n).sum();
+        debug_assert!(queue.reserved >= n, "only reserved grants are used");
         queue.reserved = queue.reserved.saturating_sub(n);
         if queue.limit.is_some() {
             queue.in_flight += n;

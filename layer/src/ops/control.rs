@@ -71,6 +71,11 @@ impl Scheduler {
                 if e.status == ExecutionStatus::Ready as i32 {
                     self.dequeue_ready(&tx, &e)?;
                 }
+                assert_eq!(
+                    next,
+                    ExecutionStatus::Cancelled,
+                    "a cancel of a pending execution ends it"
+                );
                 e.status = next as i32;
                 e.cancel_requested = true;
                 e.finished_at_ms = now_ms;

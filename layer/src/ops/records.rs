@@ -128,6 +128,7 @@ impl Scheduler {
         before_status: Option<i32>,
         e: &Execution,
     ) -> Result<()> {
+        check_shape(e);
         let ks = &self.ks;
         if before_status != Some(e.status) {
             let part = self.partition_of(e);
@@ -161,11 +162,11 @@ impl Scheduler {
     ) -> Result<()> {
         self.clear_timer(tx, e)?;
         let bucket = bucket_of(fire_at_ms, self.config.bucket_width_ms).max(wm);
+        assert!(bucket >= wm, "a timer below its shard's watermark would never fire");
         let t = TimerRef { fire_at_ms, bucket, kind: kind as i32 };
         let entry = TimerEntry { kind: kind as i32, namespace: e.namespace.clone() };
         tx.set(&self.ks.timer(&timer_key(e, &t)), &encode(&entry))?;
         e.timer = Some(t);
-        debug_assert!(bucket >= wm, "a timer below its shard's watermark would never fire");
         Ok(())
     }
 
@@ -212,4 +213,31 @@ impl Scheduler {
         tx.set(&self.ks.attempt(ns, &a.execution_id, a.number), &encode(a))?;
         Ok(())
     }
+}
+
+/// What every stored execution is: a known status, the timer that status waits on (and no other),
+/// a lease only while RUNNING. Checked before every write: a record that breaks it would never be
+/// picked up again, or be picked up twice.
+fn check_shape(e: &Execution) {
+    let status = ExecutionStatus::try_from(e.status).unwrap_or(ExecutionStatus::Unspecified);
+    assert_ne!(status, ExecutionStatus::Unspecified, "execution {} has no status", e.id);
+    let want = match status {
+        ExecutionStatus::Scheduled => Some(TimerKind::Due),
+        ExecutionStatus::RetryWait => Some(TimerKind::Retry),
+        ExecutionStatus::Running => Some(TimerKind::LeaseCheck),
+        _ => None,
+    };
+    debug_assert_eq!(
+        e.timer.as_ref().map(|t| t.kind()),
+        want,
+        "execution {} in {} has the wrong timer",
+        e.id,
+        crate::state::status_name(e.status)
+    );
+    debug_assert!(
+        status == ExecutionStatus::Running || e.lease_expires_at_ms == 0,
+        "execution {} holds a lease while {}",
+        e.id,
+        crate::state::status_name(e.status)
+    );
 }

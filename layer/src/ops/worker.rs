@@ -257,6 +257,13 @@ impl Scheduler {
         e.error = Some(error);
         e.lease_expires_at_ms = 0;
         e.updated_at_ms = now_ms;
+        assert!(
+            matches!(
+                e.status(),
+                ExecutionStatus::RetryWait | ExecutionStatus::Failed | ExecutionStatus::Cancelled
+            ),
+            "an attempt that ended unsuccessfully leaves its execution retrying, failed or cancelled"
+        );
         Ok(())
     }
 
@@ -299,6 +306,7 @@ impl Scheduler {
             self.enqueue_ready(tx, e, now_ms)?;
         }
         e.lease_expires_at_ms = 0;
+        assert!(matches!(e.status(), ExecutionStatus::Ready | ExecutionStatus::Cancelled));
         Ok(())
     }
 
@@ -476,6 +484,7 @@ impl Scheduler {
                 e.error = None;
                 e.finished_at_ms = now_ms;
                 e.lease_expires_at_ms = 0;
+                assert_eq!(e.status(), ExecutionStatus::Succeeded, "a success ends the execution");
             }
             Outcome::Failure(error) => {
                 let wm = match wm {

@@ -213,10 +213,8 @@ pub fn references(
     }
     let mut out = BTreeSet::new();
     for p in paths {
-        if let Some(m) = resolve(&p, me, modules) {
-            if m.as_slice() != me {
-                out.insert(m);
-            }
+        if let Some(m) = resolve(&p, me, modules).filter(|m| m.as_slice() != me) {
+            out.insert(m);
         }
     }
     out

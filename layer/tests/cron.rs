@@ -10,8 +10,9 @@ use kairos_layer::cron::occurrence_key;
 use kairos_layer::keys::{Space, Tag};
 use kairos_layer::kv::memory::FaultConfig;
 use kairos_layer::ops::Error;
+use kairos_layer::ops::Scheduler;
 use kairos_layer::ops::cron::CronPatch;
-use kairos_layer::ops::cron::round::{DirectExecutions, Executions, Materialization};
+use kairos_layer::ops::cron::round::{Executions, ExecutionsError, Materialization, Materialized};
 use kairos_proto::storage::v1::{CronJob, CronPolicies, CronStatus, ExecutionStatus};
 
 const MIN: i64 = 60_000;
@@ -394,4 +395,78 @@ async fn runs_complete_a_job_and_an_update_gives_it_more() {
     c.w.clock.set(kairos_layer::env::Timestamp::from_millis(again.next_run_at_ms - LOOKAHEAD));
     assert_eq!(c.run_due().await, 1);
     c.check_timers().await;
+}
+
+/// The executions API straight over the scheduler's operations (for these tests; a node goes
+/// through its own gRPC API instead).
+#[derive(Debug, Clone)]
+struct DirectExecutions(Scheduler);
+
+fn classify(e: kairos_layer::ops::Error) -> ExecutionsError {
+    use kairos_layer::ops::Error as E;
+    match e {
+        E::IdempotencyConflict { .. } => ExecutionsError::Conflict(e.to_string()),
+        E::Kv(k) if k.is_retryable() => ExecutionsError::Transient(k.to_string()),
+        E::Kv(kairos_layer::kv::Error::DatabaseClosed) => ExecutionsError::Transient(e.to_string()),
+        // A namespace over its quota, a full disk: the occurrence waits, it is not dropped.
+        E::QuotaExceeded { .. } | E::Kv(kairos_layer::kv::Error::StorageFull(_)) => {
+            ExecutionsError::Transient(e.to_string())
+        }
+        other => ExecutionsError::Permanent(other.to_string()),
+    }
+}
+
+impl Executions for DirectExecutions {
+    async fn submit(
+        &self,
+        batch: Vec<Materialization>,
+    ) -> Result<Vec<Result<Materialized, ExecutionsError>>, ExecutionsError> {
+        let reqs = batch
+            .into_iter()
+            .map(|m| {
+                Ok(kairos_layer::ops::submit::SubmitRequest {
+                    namespace: m.namespace,
+                    definition: m.definition,
+                    definition_version: m.definition_version,
+                    inputs: m.inputs,
+                    execute_at_ms: m.execute_at_ms.unwrap_or(0),
+                    delay_ms: m.execute_at_ms.is_none().then_some(0),
+                    idempotency_key: Some(m.idempotency_key),
+                    traceparent: None,
+                })
+            })
+            .collect();
+        let out = self.0.submit_batch(reqs).await.map_err(classify)?;
+        Ok(out
+            .into_iter()
+            .map(|r| {
+                r.map(|s| Materialized { execution_id: s.execution.id, created: s.created })
+                    .map_err(classify)
+            })
+            .collect())
+    }
+
+    async fn status(&self, ns: &str, id: &str) -> Result<Option<ExecutionStatus>, ExecutionsError> {
+        match self.0.get(ns, id).await {
+            Ok(e) => Ok(Some(e.status())),
+            Err(kairos_layer::ops::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn by_key(&self, ns: &str, key: &str) -> Result<Option<String>, ExecutionsError> {
+        match self.0.get_by_idempotency_key(ns, key).await {
+            Ok(e) => Ok(Some(e.id)),
+            Err(kairos_layer::ops::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn cancel(&self, ns: &str, id: &str) -> Result<(), ExecutionsError> {
+        match self.0.cancel(ns, id, "cron").await {
+            Ok(_) | Err(kairos_layer::ops::Error::FailedPrecondition(_)) => Ok(()),
+            Err(kairos_layer::ops::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(classify(e)),
+        }
+    }
 }

@@ -125,6 +125,7 @@ impl Matchmaker {
     }
 
     /// Credits a queue's waiting workers hold, within its concurrency limit.
+    #[cfg(test)]
     pub fn available(&self, q: &QueueKey) -> usize {
         let m = self.lock();
         m.get(q).map_or(0, |queue| {
@@ -133,7 +134,7 @@ impl Matchmaker {
     }
 
     /// Queues whose waiting workers hold credits.
-    pub fn hungry(&self) -> Vec<QueueKey> {
+    fn hungry(&self) -> Vec<QueueKey> {
         let m = self.lock();
         m.iter()
             .filter(|(_, q)| q.room() > 0 && q.slots.values().any(|s| s.credits > 0))
@@ -148,7 +149,7 @@ impl Matchmaker {
     }
 
     /// Takes credits of waiting workers first, then of the queue's dispatch buffer.
-    pub fn take_for_fire(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
+    fn take_for_fire(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
         let mut g = self.take_of(q, n, false);
         if g.len() < n {
             g.extend(self.take_of(q, n - g.len(), true));

@@ -439,6 +439,25 @@ impl Scheduler {
             .await
     }
 
+    /// Whether `r` repeats a result that already committed (a retry after an unknown commit
+    /// result, or the worker sending it twice): it then answers as the first did.
+    async fn already_applied(&self, tx: &Transaction, e: &Execution, r: &Report) -> Result<bool> {
+        if e.fencing_token != r.token || e.status == ExecutionStatus::Running as i32 {
+            return Ok(false);
+        }
+        Ok(match &r.outcome {
+            Outcome::Success { .. } => e.status == ExecutionStatus::Succeeded as i32,
+            outcome => {
+                let ended = load_attempt(tx, self, &e.namespace, &e.id, e.attempt_count).await?;
+                matches!(
+                    (outcome, ended.map(|a| a.status())),
+                    (Outcome::Failure(_), Some(AttemptStatus::Failed | AttemptStatus::Cancelled))
+                        | (Outcome::Release, Some(AttemptStatus::Abandoned))
+                )
+            }
+        })
+    }
+
     async fn apply_report(
         &self,
         tx: &Transaction,
@@ -447,26 +466,8 @@ impl Scheduler {
         now_ms: i64,
         wm: Option<i64>,
     ) -> Result<()> {
-        // A repeat of a result that already committed (a retry after an unknown commit
-        // result, or the worker sending it twice) answers as the first did.
-        if e.fencing_token == r.token && e.status != ExecutionStatus::Running as i32 {
-            let same = match &r.outcome {
-                Outcome::Success { .. } => e.status == ExecutionStatus::Succeeded as i32,
-                outcome => {
-                    let ended =
-                        load_attempt(tx, self, &e.namespace, &e.id, e.attempt_count).await?;
-                    matches!(
-                        (outcome, ended.map(|a| a.status())),
-                        (
-                            Outcome::Failure(_),
-                            Some(AttemptStatus::Failed | AttemptStatus::Cancelled)
-                        ) | (Outcome::Release, Some(AttemptStatus::Abandoned))
-                    )
-                }
-            };
-            if same {
-                return Ok(());
-            }
+        if self.already_applied(tx, e, r).await? {
+            return Ok(());
         }
         fence(e, r.token)?;
         let before = e.status;

@@ -137,6 +137,7 @@ impl Actor for ExecutionTimer {
                 }
             }
             TimerMsg::Reschedule(t) => {
+                assert_eq!(t.execution_id, s.timer.execution_id, "a timer follows one execution");
                 if t != s.timer {
                     let at = t.fire_at_ms;
                     s.timer = t;

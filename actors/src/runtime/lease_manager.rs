@@ -193,6 +193,7 @@ impl LeaseState {
                 break;
             }
             debug_assert!(!self.held.contains_key(&p), "acquired only what is not held");
+            assert!(epoch > 0, "an acquired lease has an epoch");
             match self.start_worker(myself, p, epoch).await {
                 Ok(worker) => {
                     self.valid_until.insert(p, until);

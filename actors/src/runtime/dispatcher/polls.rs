@@ -15,6 +15,7 @@ impl Apply<'_> {
             self.out.push(Action::Answer(w.id, Vec::new()));
             return;
         }
+        debug_assert!(!self.core.polls.contains_key(&w.id), "a poll's id is new");
         let wait = wait_ms.min(self.core.poll_wait_max_ms);
         self.ledger.add(&w.queue, w.id, &w.worker_id, w.lease_ms, w.credits);
         let poll =

@@ -111,6 +111,7 @@ impl Window {
                 self.loaded_until = self.loaded_until.min(t - 1);
             }
         }
+        assert!(self.due.len() <= self.cap, "the window holds at most its cap");
     }
 
     /// The result of a load of `(after, until]`; `truncated` if the store had more.

@@ -6,8 +6,8 @@
 //! was processed (lease renewed by heartbeats, or waiting out a retry back-off). Executions
 //! that complete within their first lease never need one.
 //!
-//! Before each fire it reserves an *offer* from the node's waiting workers (up to what the
-//! window expects to fire, per hungry queue): the transaction starts executions for those
+//! Before each fire it reserves an *offer* from the node's waiting workers (as many as the
+//! window knows are due, per hungry queue): the transaction starts executions for those
 //! workers at once, and [`effects::fired`] gives back what it did not use.
 //!
 //! Transactions run in spawned tasks whose results come back as messages: a handler never

@@ -11,8 +11,8 @@ use crate::limits::RETRY_PAUSE_MAX_MS;
 /// What the owner should do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OwnerAction {
-    /// Run `fire_due` for the shard at `now`, expecting to fire up to `expected` timers (the
-    /// window's due ones; unbounded when the poll interval passed: timers written elsewhere).
+    /// Run `fire_due` for the shard at `now`, expecting to fire the `expected` timers the
+    /// window holds due (it may find more: timers written elsewhere, or dropped over the cap).
     Fire {
         /// How many timers this fire may find.
         expected: usize,
@@ -162,11 +162,9 @@ impl Window {
         let fire_allowed = now >= self.fire_not_before;
         if !self.firing && fire_allowed && (head_due || poll_due) {
             self.firing = true;
-            let expected = if poll_due {
-                usize::MAX
-            } else {
-                self.due.range(..(now + 1, String::new())).count()
-            };
+            // What the window knows is due: a fire reserves waiting workers for that many (what
+            // a poll's fire finds written elsewhere becomes READY, for a claim).
+            let expected = self.due.range(..(now + 1, String::new())).count();
             out.push(OwnerAction::Fire { expected });
         }
         let load_allowed = now >= self.load_not_before;
@@ -206,7 +204,11 @@ mod tests {
     fn starts_by_firing_and_loading_the_window() {
         let mut w = w();
         let a = w.decide(1_000);
-        assert_eq!(a[0], OwnerAction::Fire { expected: usize::MAX }, "a first fire polls");
+        assert_eq!(
+            a[0],
+            OwnerAction::Fire { expected: 0 },
+            "a first fire polls, knowing of nothing"
+        );
         assert_eq!(a[1], OwnerAction::Load { after: 1_000, until: 31_000 });
         // While both run, only a wake-up is planned.
         assert!(matches!(w.decide(1_001)[..], [OwnerAction::WakeAt(_)]));
@@ -260,7 +262,7 @@ mod tests {
         w.fired(1_000, false);
         assert!(w.is_empty());
         assert_eq!(w.decide(1_500), vec![OwnerAction::WakeAt(2_000)], "next poll");
-        assert_eq!(w.decide(2_000)[0], OwnerAction::Fire { expected: usize::MAX }, "poll fallback");
+        assert_eq!(w.decide(2_000)[0], OwnerAction::Fire { expected: 0 }, "poll fallback");
     }
 
     #[test]
@@ -274,7 +276,7 @@ mod tests {
         // The head is still due, but the next fire waits for the pause.
         let a = w.decide(1_201);
         assert_eq!(a, vec![OwnerAction::WakeAt(2_200)], "{a:?}");
-        assert_eq!(w.decide(2_200)[0], OwnerAction::Fire { expected: usize::MAX });
+        assert_eq!(w.decide(2_200)[0], OwnerAction::Fire { expected: 1 }, "the failed one");
         w.fire_failed(2_200);
         assert_eq!(w.decide(2_201), vec![OwnerAction::WakeAt(4_200)], "doubled");
         for _ in 0..10 {

@@ -22,7 +22,7 @@
 //! nearest day n within the month, `LW` the month's last weekday; `nL` the month's last
 //! weekday n (`5L` = last Friday), `n#k` its k-th weekday n (`MON#1` = first Monday).
 
-use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
+use chrono::{Datelike, Duration, Months, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
 
 /// What is wrong with an expression: the field and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,7 +40,7 @@ fn err(field: &'static str, reason: impl Into<String>) -> ExprError {
 
 /// How far ahead an occurrence is searched: an expression matching nothing within this many
 /// years (e.g. `0 0 30 2 *`) is rejected.
-pub const SEARCH_YEARS_MAX: i32 = 11;
+pub const SEARCH_YEARS_MAX: u32 = 11;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -388,7 +388,9 @@ impl Expr {
     /// most [`SEARCH_YEARS_MAX`] years ahead.
     pub fn next_after(&self, after: NaiveDateTime) -> Option<NaiveDateTime> {
         let start = after.with_nanosecond(0)? + Duration::seconds(1);
-        let limit = start.date().with_year(start.year() + SEARCH_YEARS_MAX)?;
+        // Months, not `with_year`: a year from 29 February is 28 February (or 1 March), never
+        // "no such date" — which once ended every schedule on 2028-02-29.
+        let limit = start.date().checked_add_months(Months::new(12 * SEARCH_YEARS_MAX))?;
         let (mut date, mut from) = (start.date(), start.time());
         while date <= limit {
             if self.months & (1 << date.month()) == 0 {

@@ -1,5 +1,5 @@
-//! The `kairosctl` binary: see [`kairos_sdk::ctl`].
+//! The `kairosctl` binary: see [`kairos_ctl`].
 
 fn main() {
-    kairos_sdk::ctl::main()
+    kairos_ctl::main()
 }

@@ -1,6 +1,6 @@
 //! `kairosctl cron …`: durable schedules.
 //!
-//! The flags are declared in [`super::args::Cron`] (`kairosctl cron --help`).
+//! The flags are declared in [`crate::args::Cron`] (`kairosctl cron --help`).
 //!
 //! `--json cron preview` prints `{"occurrences": [{"utc": "…Z", "local": "…+hh:mm"}, …]}`, in
 //! order; it needs no stored job.
@@ -8,11 +8,11 @@
 use kairos_proto::v1::{
     CreateCronJobRequest, CronJob, CronPolicies, CronStatus, PreviewRequest, UpdateCronJobRequest,
 };
+use kairos_sdk::Client;
 use serde_json::{Value, json};
 
-use super::args::Cron;
-use super::{Failure, Opts, executions_out, table, time};
-use crate::Client;
+use crate::args::Cron;
+use crate::output::{Failure, Opts, execution_json, executions_out, table, time};
 
 fn status_name(j: &CronJob) -> String {
     CronStatus::try_from(j.status)
@@ -203,7 +203,7 @@ pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, 
                     .executions
                     .iter()
                     .map(|e| {
-                        let mut v = super::execution_json(e);
+                        let mut v = execution_json(e);
                         v["occurrence"] = Value::String(time(e.cron_occurrence_ms));
                         v
                     })

@@ -10,7 +10,7 @@ use serde_json::Value;
 mod cron;
 pub mod values;
 
-pub use cron::{Cron, Policies};
+pub use cron::{Cron, CronCreate, CronUpdate, Policies};
 use values::{json_value, rfc3339, seconds};
 
 /// What the exit codes mean (shown under `--help`).

@@ -46,50 +46,9 @@ pub struct Policies {
 #[derive(Debug, Subcommand)]
 pub enum Cron {
     /// Creates a schedule.
-    Create {
-        /// registry://jobs/NAME
-        definition_uri: String,
-        /// The definition's version.
-        version: u32,
-        /// The cron expression (5 or 6 fields, or @daily…), quoted.
-        expression: String,
-        /// The IANA time zone.
-        #[arg(long, value_name = "ZONE", default_value = "UTC")]
-        tz: String,
-        /// The schedule's id (made up when not given).
-        #[arg(long, default_value = "")]
-        id: String,
-        /// Pause the schedule when a run fails.
-        #[arg(long)]
-        pause_on_failure: bool,
-        /// Create it paused.
-        #[arg(long)]
-        paused: bool,
-        #[command(flatten)]
-        policies: Policies,
-    },
+    Create(CronCreate),
     /// Changes a schedule; only the flags given change.
-    Update {
-        /// The schedule's id.
-        id: String,
-        /// A new expression.
-        #[arg(long, value_name = "EXPR")]
-        expression: Option<String>,
-        /// A new time zone.
-        #[arg(long, value_name = "ZONE")]
-        tz: Option<String>,
-        /// Another definition.
-        #[arg(long, value_name = "URI")]
-        definition: Option<String>,
-        /// Another definition version.
-        #[arg(long, value_name = "N")]
-        version: Option<u32>,
-        /// Pause the schedule when a run fails.
-        #[arg(long, value_name = "BOOL")]
-        pause_on_failure: Option<bool>,
-        #[command(flatten)]
-        policies: Policies,
-    },
+    Update(CronUpdate),
     /// A schedule.
     Get {
         /// The schedule's id.
@@ -164,4 +123,53 @@ pub enum Cron {
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: u32,
     },
+}
+
+// The flags of `cron create` (the variant's doc comment is its help).
+#[derive(Debug, Args)]
+pub struct CronCreate {
+    /// registry://jobs/NAME
+    pub definition_uri: String,
+    /// The definition's version.
+    pub version: u32,
+    /// The cron expression (5 or 6 fields, or @daily…), quoted.
+    pub expression: String,
+    /// The IANA time zone.
+    #[arg(long, value_name = "ZONE", default_value = "UTC")]
+    pub tz: String,
+    /// The schedule's id (made up when not given).
+    #[arg(long, default_value = "")]
+    pub id: String,
+    /// Pause the schedule when a run fails.
+    #[arg(long)]
+    pub pause_on_failure: bool,
+    /// Create it paused.
+    #[arg(long)]
+    pub paused: bool,
+    #[command(flatten)]
+    pub policies: Policies,
+}
+
+// The flags of `cron update` (the variant's doc comment is its help).
+#[derive(Debug, Args)]
+pub struct CronUpdate {
+    /// The schedule's id.
+    pub id: String,
+    /// A new expression.
+    #[arg(long, value_name = "EXPR")]
+    pub expression: Option<String>,
+    /// A new time zone.
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
+    /// Another definition.
+    #[arg(long, value_name = "URI")]
+    pub definition: Option<String>,
+    /// Another definition version.
+    #[arg(long, value_name = "N")]
+    pub version: Option<u32>,
+    /// Pause the schedule when a run fails.
+    #[arg(long, value_name = "BOOL")]
+    pub pause_on_failure: Option<bool>,
+    #[command(flatten)]
+    pub policies: Policies,
 }

@@ -102,11 +102,6 @@ impl WriteBuffer {
         Ok(())
     }
 
-    /// Whether the transaction wrote anything (a read-only one commits trivially).
-    pub(crate) fn has_mutations(&self) -> bool {
-        !self.mutations.is_empty()
-    }
-
     /// The answer to a read of `key` when the buffer alone decides it (`Some`), or `None` when
     /// the stored value is needed ([`finish_get`](Self::finish_get)).
     pub(crate) fn local_get(&self, key: &[u8]) -> Option<Result<Option<Bytes>>> {

@@ -182,6 +182,18 @@ fn before_commit(batch: &[Job]) -> impl Fn(tokio_postgres::Error) -> Failure + '
     }
 }
 
+/// Whether an error of `COMMIT` says for sure that nothing was committed: a plain ERROR of a
+/// serialization failure or an integrity check. Anything else — no answer, or a FATAL error (the
+/// backend terminated, e.g. while waiting for a synchronous standby after committing locally)
+/// — leaves the outcome unknown.
+fn refused_commit(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        let code = db.code().code();
+        db.parsed_severity() == Some(tokio_postgres::error::Severity::Error)
+            && (code.starts_with("40") || code.starts_with("23"))
+    })
+}
+
 fn key_len(m: &Mutation) -> usize {
     match m {
         Mutation::Set(k, _) | Mutation::Clear(k) | Mutation::Add(k, _) => k.len(),
@@ -251,10 +263,10 @@ async fn try_batch(
         .map_err(|e| Failure::NotApplied(Error::Storage(format!("folding a batch: {e}"))))?;
     write(db, c, &target, top, &changes).await.map_err(&err)?;
     if let Err(e) = c.client.batch_execute("COMMIT").await {
-        return Err(match e.as_db_error() {
-            // The server answered: it did not commit.
-            Some(_) => Failure::NotApplied(classify(&e)),
-            None => Failure::Unknown,
+        return Err(if refused_commit(&e) {
+            Failure::NotApplied(classify(&e))
+        } else {
+            Failure::Unknown
         });
     }
     // Acknowledged in order: the log first, so a transaction begun after this batch's callers

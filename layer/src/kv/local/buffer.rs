@@ -335,6 +335,16 @@ impl RangeMerge {
         Ok(RangeMerge { overlay, next: 0, cleared, reverse: r.reverse, limit, out: Vec::new() })
     }
 
+    /// Buffered writes of the range not merged yet (each may stand for a stored row).
+    pub(crate) fn pending(&self) -> usize {
+        self.overlay.len() - self.next
+    }
+
+    /// Whether cleared ranges of this transaction overlap the read (they hide stored rows).
+    pub(crate) fn hides_rows(&self) -> bool {
+        !self.cleared.is_empty()
+    }
+
     /// Whether the read is complete (the limit reached).
     pub(crate) fn full(&self) -> bool {
         self.out.len() >= self.limit

@@ -257,8 +257,8 @@ async fn try_batch(
         return Ok(replies);
     }
     let top = base + accepted.len() as u64;
-    let mut target = Target::default();
-    target.stored = stored_for_adds(c, &accepted).await.map_err(&err)?;
+    let stored = stored_for_adds(c, &accepted).await.map_err(&err)?;
+    let mut target = Target { stored, ..Target::default() };
     let changes = apply_batch(&mut target, &accepted, true)
         .map_err(|e| Failure::NotApplied(Error::Storage(format!("folding a batch: {e}"))))?;
     write(db, c, &target, top, &changes).await.map_err(&err)?;

@@ -194,16 +194,22 @@ async fn check(db: &Shared, touched: &Touched) {
     }
 }
 
-/// Registers a watch of a committed transaction that saw `expected`, then checks it against
-/// the key's current value.
-pub(crate) async fn register(db: &Shared, key: Vec<u8>, expected: Option<Bytes>, tx: WatchSender) {
-    let seen = expected.clone();
-    db.watches.register(key.clone(), expected, |_| Ok(seen), tx);
-    let one = [key];
-    if let Ok(values) = current(db, &one).await {
-        let [key] = one;
-        let value = values.get(&key).cloned();
-        db.watches.notify(&[Change::Key(key, value)]);
+/// Registers the watches of a committed transaction, each with the value it saw, then checks
+/// them against their keys' current values (one query).
+pub(crate) async fn register(db: &Shared, watches: Vec<(Vec<u8>, Option<Bytes>, WatchSender)>) {
+    if watches.is_empty() {
+        return;
+    }
+    let mut keys = Vec::with_capacity(watches.len());
+    for (key, expected, tx) in watches {
+        let seen = expected.clone();
+        db.watches.register(key.clone(), expected, |_| Ok(seen), tx);
+        keys.push(key);
+    }
+    if let Ok(values) = current(db, &keys).await {
+        let changes: Vec<Change> =
+            keys.into_iter().map(|k| Change::Key(k.clone(), values.get(&k).cloned())).collect();
+        db.watches.notify(&changes);
     }
 }
 

@@ -144,8 +144,10 @@ impl PostgresOptions {
         if config.get_hosts().is_empty() {
             return Err(bad("url", "names no host".into()));
         }
+        // The URL's own `options` (e.g. a search_path) are kept; the timeouts come after them.
+        let own = config.get_options().map(|o| format!("{o} ")).unwrap_or_default();
         config.options(format!(
-            "-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
+            "{own}-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
         ));
         config.connect_timeout(self.connect_timeout);
         config.keepalives(true);

@@ -18,9 +18,9 @@ use crate::kv::local::buffer::{RangeMerge, WriteBuffer, unreadable_watch_value};
 use crate::kv::local::watch::{WatchSender, watch_pair};
 use crate::kv::{CommitInfo, KeyValue, KvTransaction, RangeOption, Watch};
 
-/// Stored rows fetched per round trip by a range read without a limit of its own... and
-/// the least fetched when the transaction's own writes may hide some.
-const RANGE_PAGE_ROWS_MIN: usize = 256;
+/// Stored rows a limited range read fetches per round trip at least when the transaction's
+/// own cleared ranges may hide some of them.
+const RANGE_PAGE_ROWS_HIDDEN_MIN: usize = 256;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Status {
@@ -177,9 +177,13 @@ impl PgTransaction {
         let mut merge = RangeMerge::new(&self.open()?.buf, r)?;
         let (mut begin, mut end) = (r.begin.clone(), r.end.clone());
         loop {
-            // Enough stored rows for the limit, and more when this transaction's own writes
-            // may hide some; page after page until the limit or the range's end.
-            let page = (r.limit != 0).then(|| r.limit.max(RANGE_PAGE_ROWS_MIN));
+            // Enough stored rows for the limit, plus one per buffered write of the range (it
+            // may replace a stored row), more when cleared ranges may hide rows; page after
+            // page until the limit or the range's end. No limit: everything at once.
+            let page = (r.limit != 0).then(|| {
+                let want = r.limit + merge.pending();
+                if merge.hides_rows() { want.max(RANGE_PAGE_ROWS_HIDDEN_MIN) } else { want }
+            });
             let rows = self.stored_range(&begin, &end, r.reverse, page).await?;
             let exhausted = page.is_none_or(|p| rows.len() < p);
             let mut more = true;
@@ -212,14 +216,15 @@ impl PgTransaction {
         &self,
         watches: Vec<(Vec<u8>, WatchSender)>,
     ) -> Vec<(Vec<u8>, Option<Bytes>, WatchSender)> {
-        let mut out = Vec::with_capacity(watches.len());
-        for (key, tx) in watches {
+        let reads = watches.iter().map(|(key, _)| self.read(key, true));
+        let values = futures_util::future::join_all(reads).await;
+        watches
+            .into_iter()
+            .zip(values)
             // Unreadable (a versionstamped value) or unknown (a failed read): any later value
             // differs, so the watch fires at its first check.
-            let expected = self.read(&key, true).await.unwrap_or_else(|_| unreadable_watch_value());
-            out.push((key, expected, tx));
-        }
-        out
+            .map(|((key, tx), v)| (key, v.unwrap_or_else(|_| unreadable_watch_value()), tx))
+            .collect()
     }
 
     async fn commit_inner(&self) -> Result<CommitInfo> {
@@ -235,10 +240,10 @@ impl PgTransaction {
         } else {
             self.send(buffered).await
         };
-        for (key, expected, tx) in watches {
-            match &result {
-                Ok(_) => super::listener::register(&self.db, key, expected, tx).await,
-                Err(e) => {
+        match &result {
+            Ok(_) => super::listener::register(&self.db, watches).await,
+            Err(e) => {
+                for (_, _, tx) in watches {
                     let _ = tx.send(Err(e.clone()));
                 }
             }

@@ -43,7 +43,10 @@ async fn scheduler() -> (Scheduler, SharedClock) {
     scheduler_on(db, clock).await
 }
 
-async fn scheduler_on(db: kairos_layer::kv::Database, clock: SharedClock) -> (Scheduler, SharedClock) {
+async fn scheduler_on(
+    db: kairos_layer::kv::Database,
+    clock: SharedClock,
+) -> (Scheduler, SharedClock) {
     let params = ClusterParams { shard_count: 64, bucket_width_ms: 60_000, ready_partitions: 16 };
     let sched = Scheduler::open(db, Keyspace::new("shapes"), clock.clone(), Rng::seeded(6), params)
         .await
@@ -73,7 +76,8 @@ async fn full_batches_commit_on_postgres() {
     use kairos_layer::kv::postgres::{PostgresDatabase, PostgresOptions, testing};
     let url = testing::shared().unwrap_or_else(|e| panic!("{e}"));
     let clock: SharedClock = Arc::new(kairos_layer::env::SystemClock::default());
-    let options = PostgresOptions { schema: testing::fresh_schema("shapes"), ..PostgresOptions::new(url) };
+    let options =
+        PostgresOptions { schema: testing::fresh_schema("shapes"), ..PostgresOptions::new(url) };
     let db = PostgresDatabase::connect_database(options, clock.clone(), Rng::seeded(5))
         .await
         .expect("connect to the throwaway PostgreSQL");

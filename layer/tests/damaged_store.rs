@@ -151,6 +151,11 @@ async fn unverified_reads_of_a_damaged_store_never_panic_out_of_the_layer() {
             Ok(n) => outcomes.push(format!("seed {seed}: {n} of {KEYS} rows")),
         }
         db.close().await;
+        // Read without being verified, it is not recorded as closed cleanly: the next open
+        // still verifies it and finds the damage.
+        let (edb, db) = open(&path, VerifyAtOpen::WhenInDoubt);
+        assert!(matches!(edb.integrity(), Integrity::Damaged { .. }), "seed {seed}");
+        db.close().await;
     }
     eprintln!("{}", outcomes.join("\n"));
 }

@@ -65,7 +65,14 @@ pub(crate) fn decide(
     let crashed = "the last run did not close the store cleanly";
     Ok(match (options.verify_at_open, doubt) {
         (_, Doubt::New) => (None, Some(Integrity::New)),
-        (VerifyAtOpen::Never, _) => (None, None),
+        (VerifyAtOpen::Never, Doubt::None) => (None, None),
+        (VerifyAtOpen::Never, Doubt::Crashed) => (
+            None,
+            Some(Integrity::Unverified { why: format!("{crashed} (verify_at_open: never)") }),
+        ),
+        (VerifyAtOpen::Never, Doubt::Changed(what)) => {
+            (None, Some(Integrity::Unverified { why: format!("{what} (verify_at_open: never)") }))
+        }
         (VerifyAtOpen::Always, Doubt::None) => (Some("verify_at_open: always".into()), None),
         (_, Doubt::None) => (None, None),
         (_, Doubt::Changed(what)) => (Some(what), None),
@@ -134,6 +141,12 @@ pub(crate) fn take_marker(store: &Path) -> Result<Doubt> {
             r.trim()
         )),
     })
+}
+
+/// Whether a clean close may record the store as trustworthy: only when this run's open knew
+/// its bytes to be sound (an unverified store stays in doubt until it is verified).
+pub(crate) fn may_record_clean_close(integrity: &Integrity) -> bool {
+    matches!(integrity, Integrity::New | Integrity::Trusted | Integrity::Verified { .. })
 }
 
 /// Records that `store` was closed cleanly as it is now (call once the engine has let go of the

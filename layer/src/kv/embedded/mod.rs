@@ -431,7 +431,11 @@ impl KvDatabase for EmbeddedDatabase {
             let closed = self.shared.engine.shut();
             self.shared.watches.close();
             // A clean close is recorded, so the next open can trust the file as it is now.
-            if closed && let Err(e) = integrity::write_marker(&self.shared.path) {
+            // An unverified store stays in doubt until it is verified.
+            if closed
+                && integrity::may_record_clean_close(&self.shared.integrity)
+                && let Err(e) = integrity::write_marker(&self.shared.path)
+            {
                 tracing::warn!(error = %e, "the clean shutdown of the store was not recorded");
             }
         })

@@ -105,9 +105,12 @@ impl Store for RedbStore {
         let t = r.open_table(DATA).unwrap();
         let range = t.range::<&[u8]>(begin..end).unwrap();
         let n = if reverse {
-            range.rev().take(limit).map(|i| i.unwrap().1.value().len()).count()
+            range
+                .rev()
+                .take(limit)
+                .fold(0, |n, i| n + usize::from(!i.unwrap().1.value().is_empty()))
         } else {
-            range.take(limit).map(|i| i.unwrap().1.value().len()).count()
+            range.take(limit).fold(0, |n, i| n + usize::from(!i.unwrap().1.value().is_empty()))
         };
         (v, n)
     }
@@ -166,9 +169,11 @@ impl Store for FjallStore {
         let v = self.version(&s);
         let it = s.range(&self.data, begin..end);
         let n = if reverse {
-            it.rev().take(limit).map(|g| g.into_inner().unwrap().1.len()).count()
+            it.rev()
+                .take(limit)
+                .fold(0, |n, g| n + usize::from(!g.into_inner().unwrap().1.is_empty()))
         } else {
-            it.take(limit).map(|g| g.into_inner().unwrap().1.len()).count()
+            it.take(limit).fold(0, |n, g| n + usize::from(!g.into_inner().unwrap().1.is_empty()))
         };
         (v, n)
     }

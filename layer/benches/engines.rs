@@ -17,8 +17,9 @@
 //! Run: `cargo bench -p kairos-layer --bench engines`. Settings (environment):
 //! `KAIROS_BENCH_SECS` (each commit phase, default 6), `KAIROS_BENCH_LARGE_MIB` (the crash
 //! store, default 2048; 0 skips it), `KAIROS_BENCH_DIR` (where the stores go, default a temp
-//! dir), `KAIROS_BENCH_ENGINES` (default `redb,fjall`; also `redb-1sync`: redb without quick repair, `fjall-small`:
-//! fjall with 64 MiB of journals and 16 MiB memtables).
+//! dir), `KAIROS_BENCH_ENGINES` (default `redb,fjall`; also `redb-1sync` and `redb-2pc`: redb without quick repair, with a
+//! 1- or 2-phase commit, and `fjall-small`: fjall with 64 MiB of journals and 16 MiB
+//! memtables). Figures and the decision: docs/benchmarks.md, ADR 0008.
 #![allow(clippy::disallowed_methods)] // a benchmark measures real time
 
 #[path = "engines/stores.rs"]

@@ -78,6 +78,10 @@ async fn a_store_damaged_while_stopped_opens_failed_and_never_reads_short() {
     assert_eq!(edb.integrity(), &Integrity::Trusted);
     assert_eq!(read_all(&db).await.unwrap(), KEYS);
     db.close().await;
+    // Asked to, the open verifies even a trusted store.
+    let (edb, db) = open(&path, VerifyAtOpen::Always);
+    assert!(matches!(edb.integrity(), Integrity::Verified { why } if why.contains("always")));
+    db.close().await;
 
     damage(&path, 7);
     let (edb, db) = open(&path, VerifyAtOpen::WhenInDoubt);

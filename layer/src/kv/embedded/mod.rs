@@ -9,10 +9,10 @@
 //! A crash loses nothing acknowledged: redb's commit is atomic and durable (two-phase), and
 //! reopening recovers the last durable commit. No write-ahead log of our own.
 //!
-//! **A damaged store is not served** (ADR 0008): after a run that did not close the store
-//! cleanly, or when the file changed since it was closed ([`integrity`]), the open verifies the
-//! checksum of every page before anything is served — redb's full repair after a crash does,
-//! and an explicit integrity check otherwise. A store found damaged opens `Failed`
+//! **A damaged store is not served** (ADR 0008): when the file changed since it was closed
+//! cleanly, or after a run that did not close it cleanly (up to a size bound), the open runs
+//! redb's integrity check — every page's checksum — before anything is served
+//! ([`integrity`]). A store found damaged opens `Failed`
 //! ([`Integrity::Damaged`]): every operation fails with what was found. A panic of the engine
 //! (what redb does on some damaged pages it was not asked to verify) is contained in every
 //! path, and a range read that meets keys out of order fails instead of returning rows short.
@@ -323,6 +323,7 @@ impl RedbSnapshot {
         let range = self.table.range::<&[u8]>(begin..end).map_err(storage("range read"))?;
         // redb does not verify checksums on reads: a damaged page can lead a scan astray. Keys
         // that leave the range or its order are damage, never a short answer.
+        // The previous key (one buffer for the whole scan), `None` before the first.
         let mut last: Option<Vec<u8>> = None;
         let mut each = |item: std::result::Result<_, redb::StorageError>| -> Result<bool> {
             let (k, v): (redb::AccessGuard<&[u8]>, redb::AccessGuard<&[u8]>) =
@@ -337,7 +338,9 @@ impl RedbSnapshot {
                     key.escape_ascii()
                 )));
             }
-            last = Some(key.to_vec());
+            let buf = last.get_or_insert_with(Vec::new);
+            buf.clear();
+            buf.extend_from_slice(key);
             Ok(visit(key, v.value()))
         };
         if reverse {

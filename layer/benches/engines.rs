@@ -207,6 +207,10 @@ fn work(engine: &str, dir: &Path) {
             format!("{} ({} commits/s)", thousands(s.txns_per_s), thousands(s.commits_per_s)),
         );
         emit(
+            &format!("lifecycle, {b} txns per fsync: CPU µs per txn (committer + engine threads)"),
+            format!("{:.1} µs", s.engine_cpu_us_per_txn),
+        );
+        emit(
             &format!("lifecycle, {b} txns per fsync: commit p50 / p99"),
             format!("{:.2} / {:.2} ms", s.p50_ms, s.p99_ms),
         );

@@ -79,6 +79,16 @@ pub fn disk_bytes(dir: &Path) -> u64 {
     total
 }
 
+/// CPU time (user + system) of this process, or of the calling thread, in seconds.
+pub fn cpu_seconds(thread: bool) -> f64 {
+    // SAFETY: `getrusage` fills the zeroed out-parameter; RUSAGE_SELF / RUSAGE_THREAD are valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    let who = if thread { libc::RUSAGE_THREAD } else { libc::RUSAGE_SELF };
+    unsafe { libc::getrusage(who, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
 /// (VmHWM, VmRSS) of this process, KiB.
 pub fn rss_kib() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -100,6 +110,9 @@ pub struct LifecycleStats {
     pub reader_ops_per_s: f64,
     pub reader_get_us: f64,
     pub reader_scan_us: f64,
+    /// CPU of the whole process but the reader thread (the committer and the engine's own
+    /// background work: flushes, compactions), µs per committed transaction.
+    pub engine_cpu_us_per_txn: f64,
 }
 
 pub struct IdleStats {
@@ -279,6 +292,7 @@ impl Workload {
         let reader = {
             let (store, stop, p) = (store.clone(), stop.clone(), self.progress.clone());
             std::thread::spawn(move || {
+                let reader_cpu_start = cpu_seconds(true);
                 let mut ops = 0u64;
                 let (mut get_ns, mut scan_ns) = (0u128, 0u128);
                 let mut z = 99u64;
@@ -300,10 +314,11 @@ impl Workload {
                     scan_ns += t.elapsed().as_nanos();
                     ops += 1;
                 }
-                (ops, get_ns, scan_ns)
+                (ops, get_ns, scan_ns, cpu_seconds(true) - reader_cpu_start)
             })
         };
         let start = Instant::now();
+        let cpu_start = cpu_seconds(false);
         let mut latencies = Vec::new();
         let mut turn = 0;
         while start.elapsed() < run {
@@ -313,7 +328,8 @@ impl Workload {
         }
         let elapsed = start.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
-        let (reads, get_ns, scan_ns) = reader.join().unwrap();
+        let (reads, get_ns, scan_ns, reader_cpu) = reader.join().unwrap();
+        let engine_cpu = cpu_seconds(false) - cpu_start - reader_cpu;
         latencies.sort_by(f64::total_cmp);
         let pct = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
         LifecycleStats {
@@ -324,6 +340,7 @@ impl Workload {
             reader_ops_per_s: reads as f64 / elapsed,
             reader_get_us: get_ns as f64 / 1e3 / reads.max(1) as f64,
             reader_scan_us: scan_ns as f64 / 1e3 / reads.max(1) as f64,
+            engine_cpu_us_per_txn: engine_cpu * 1e6 / (latencies.len() * batch) as f64,
         }
     }
 

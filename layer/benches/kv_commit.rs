@@ -1,9 +1,13 @@
 //! KV commit benchmark: committed transactions/s of small transactions (3 keys each) with 1,
-//! 16 and 256 concurrent writers, on the memory and embedded backends; mean transactions per
-//! fsync (embedded) and p50/p99 commit latency.
+//! 16 and 256 concurrent writers, on the memory, embedded and postgres backends; mean
+//! transactions per fsync (embedded) or per PostgreSQL commit (postgres) and p50/p99 commit
+//! latency. Postgres runs on a throwaway cluster with fsync and synchronous_commit on (as
+//! durable as embedded), one node and three nodes (three handles: pools, committers) on one
+//! schema.
 //!
 //! Run: `cargo bench -p kairos-layer --bench kv_commit` (`KAIROS_BENCH_SECS` sets each phase's
-//! length, default 3; `KAIROS_BENCH_DIR` the directory of the embedded file, default a temp dir).
+//! length, default 3; `KAIROS_BENCH_DIR` the directory of the embedded file, default a temp dir;
+//! PostgreSQL's server must be installed: `.ci/install-postgres`).
 #![allow(clippy::disallowed_methods)] // a benchmark measures real time
 
 use std::sync::Arc;
@@ -12,6 +16,8 @@ use std::time::{Duration, Instant};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::embedded::EmbeddedDatabase;
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
+use kairos_layer::kv::postgres::testing::{ClusterOptions, TempCluster};
+use kairos_layer::kv::postgres::{PostgresDatabase, PostgresOptions};
 use kairos_layer::kv::{Database, Error};
 
 struct Outcome {
@@ -31,12 +37,17 @@ enum Keys {
 }
 
 async fn phase(db: &Database, writers: usize, secs: f64, keys: Keys) -> Outcome {
+    phase_on(std::slice::from_ref(db), writers, secs, keys).await
+}
+
+/// Writers spread over `nodes` handles on one store.
+async fn phase_on(nodes: &[Database], writers: usize, secs: f64, keys: Keys) -> Outcome {
     let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(secs);
     let mut joins = Vec::new();
     for w in 0..writers {
-        let db = db.clone();
+        let db = nodes[w % nodes.len()].clone();
         let counter = counter.clone();
         joins.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -85,7 +96,7 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         println!(
-            "| backend | keys | writers | commits/s | txns per fsync | p50 commit | p99 commit |"
+            "| backend | keys | writers | commits/s | txns per fsync (batch) | p50 commit | p99 commit |"
         );
         println!("|---|---|---|---|---|---|---|");
         for writers in [1usize, 16, 256] {
@@ -114,6 +125,28 @@ fn main() {
             let o = phase(&db, writers, secs, keys).await;
             report("embedded", keys, writers, &o, Some(stats.transactions_per_fsync()));
             db.close().await;
+        }
+        let cluster = TempCluster::start_with(ClusterOptions { fsync: true, ..Default::default() })
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (nodes, writers) in [(1usize, 1usize), (1, 16), (1, 256), (3, 256)] {
+            let schema = format!("bench_{nodes}_{writers}");
+            let mut handles = Vec::new();
+            let mut stats = Vec::new();
+            for _ in 0..nodes {
+                let clock: SharedClock = Arc::new(SystemClock::default());
+                let options = PostgresOptions { schema: schema.clone(), ..PostgresOptions::new(cluster.url()) };
+                let pdb = PostgresDatabase::connect(options, clock.clone()).await.expect("connect");
+                stats.push(pdb.stats());
+                handles.push(Database::new(Arc::new(pdb), clock, Rng::seeded(1)));
+            }
+            let o = phase_on(&handles, writers, secs, Keys::Ordered).await;
+            let committed: f64 = stats.iter().map(|s| s.transactions_committed.load(std::sync::atomic::Ordering::Relaxed) as f64).sum();
+            let batches: f64 = stats.iter().map(|s| s.batches_committed.load(std::sync::atomic::Ordering::Relaxed) as f64).sum();
+            let name = if nodes == 1 { "postgres".to_string() } else { format!("postgres, {nodes} nodes") };
+            report(&name, Keys::Ordered, writers, &o, Some(committed / batches.max(1.0)));
+            for h in handles {
+                h.close().await;
+            }
         }
     });
 }

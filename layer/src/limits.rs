@@ -126,4 +126,4 @@ pub const CRON_DATE_SHIFT_DAYS_MAX: i64 = 3_660;
 pub const CRON_WALL_TIMES_PER_CALL_MAX: usize = 200_000;
 /// How far ahead an occurrence is searched: an expression matching nothing within this many
 /// years (e.g. `0 0 30 2 *`) is rejected.
-pub const CRON_SEARCH_YEARS_MAX: i32 = 11;
+pub const CRON_SEARCH_YEARS_MAX: u32 = 11;

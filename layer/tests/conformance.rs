@@ -1,4 +1,5 @@
-//! The KV conformance suite: the same checks against every backend — memory and embedded
+//! The KV conformance suite: the same checks against every backend — memory, embedded and
+//! postgres (on a throwaway PostgreSQL cluster: `.ci/install-postgres` installs the server)
 //! always; fdb when built with `--features fdb`, as `#[ignore]`d tests run with `--ignored` and
 //! `FDB_CLUSTER_FILE` pointing at a throwaway cluster (see the fdb section at the end).
 
@@ -31,6 +32,28 @@ fn embedded() -> Harness {
     let db = EmbeddedDatabase::open_database(dir.path().join("kv.redb"), shared, Rng::seeded(1))
         .expect("open embedded");
     Harness { db, clock, _dir: Some(dir) }
+}
+
+/// A postgres harness: a fresh schema on this process's throwaway cluster. The transactions'
+/// age is measured on the harness's manual clock, as on the local backends.
+fn postgres() -> Harness {
+    use kairos_layer::kv::postgres::{PostgresDatabase, PostgresOptions, testing};
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let shared: SharedClock = Arc::new(clock.clone());
+    let url = testing::shared().unwrap_or_else(|e| panic!("{e}"));
+    let options = PostgresOptions {
+        schema: testing::fresh_schema("conformance"),
+        ..PostgresOptions::new(url)
+    };
+    let db = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(PostgresDatabase::connect_database(
+            options,
+            shared,
+            Rng::seeded(1),
+        ))
+    })
+    .expect("connect to the throwaway PostgreSQL");
+    Harness { db, clock, _dir: None }
 }
 
 fn k(s: &str) -> Vec<u8> {
@@ -426,6 +449,7 @@ macro_rules! conformance {
 
 conformance!(memory);
 conformance!(embedded);
+conformance!(postgres);
 
 #[test]
 fn memory_faults_are_injected_and_retried() {

@@ -115,12 +115,19 @@ async fn check(db: &Database) -> usize {
 }
 
 async fn run_workload(db: Database, seed: u64, workers: usize, transfers: usize) -> usize {
+    run_on_nodes(&[db], seed, workers, transfers).await
+}
+
+/// The workload with its workers spread over several handles on one store (nodes).
+async fn run_on_nodes(nodes: &[Database], seed: u64, workers: usize, transfers: usize) -> usize {
+    let db = nodes[0].clone();
     setup(&db).await;
     let ids = Arc::new(AtomicU64::new(0));
     let rng = Rng::seeded(seed);
     let mut joins = Vec::new();
-    for _ in 0..workers {
-        joins.push(tokio::spawn(transfer_worker(db.clone(), rng.fork(), transfers, ids.clone())));
+    for w in 0..workers {
+        let node = nodes[w % nodes.len()].clone();
+        joins.push(tokio::spawn(transfer_worker(node, rng.fork(), transfers, ids.clone())));
     }
     for j in joins {
         j.await.unwrap();
@@ -154,5 +161,35 @@ async fn embedded_is_serializable() {
     let db =
         EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(9)).unwrap();
     let applied = run_workload(db, 9, 16, 25).await;
+    assert!(applied > 50, "only {applied} transfers applied");
+}
+
+/// `nodes` handles on one fresh schema of the throwaway PostgreSQL cluster, as separate nodes
+/// would have (each its own pool, committer and listener).
+async fn postgres_nodes(nodes: usize) -> Vec<Database> {
+    use kairos_layer::kv::postgres::{PostgresDatabase, PostgresOptions, testing};
+    let url = testing::shared().unwrap_or_else(|e| panic!("{e}"));
+    let schema = testing::fresh_schema("serial");
+    let mut out = Vec::new();
+    for n in 0..nodes {
+        let clock: SharedClock = Arc::new(kairos_layer::env::SystemClock::default());
+        let options = PostgresOptions { schema: schema.clone(), ..PostgresOptions::new(&url) };
+        let db = PostgresDatabase::connect_database(options, clock, Rng::seeded(n as u64))
+            .await
+            .expect("connect to the throwaway PostgreSQL");
+        out.push(db);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_is_serializable() {
+    let applied = run_on_nodes(&postgres_nodes(1).await, 11, 16, 25).await;
+    assert!(applied > 50, "only {applied} transfers applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_is_serializable_across_nodes() {
+    let applied = run_on_nodes(&postgres_nodes(3).await, 12, 18, 25).await;
     assert!(applied > 50, "only {applied} transfers applied");
 }

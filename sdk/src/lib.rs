@@ -1,5 +1,7 @@
 #![allow(clippy::disallowed_methods)] // the SDK runs in user processes: wall time and tokio timers are the truth there
-//! kairos-sdk: a client and a worker for Kairos over gRPC, and the `kairosctl` console.
+//! kairos-sdk: a client and a worker for Kairos over gRPC, with the worker's built-in executors.
+//! The `kairosctl` console and the load generator are the `kairos-ctl` crate (`sdk/ctl`). The
+//! `cli` feature adds `TlsArgs`, the TLS flags of a clap command line.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kairos_sdk::Error> {
@@ -16,15 +18,18 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bench;
 pub mod client;
-pub mod ctl;
+pub mod error;
 pub mod executors;
+pub mod limits;
 pub mod tls;
 pub mod worker;
 
-pub use client::{Client, Error, SubmitBuilder, Submitted};
+pub use client::{Client, SubmitBuilder, Submitted};
+pub use error::Error;
 pub use executors::{run_command, run_generic, run_http};
 pub use kairos_proto::v1 as api;
-pub use tls::{Tls, TlsArgs};
+pub use tls::Tls;
+#[cfg(feature = "cli")]
+pub use tls::TlsArgs;
 pub use worker::{Handler, Task, TaskError, Worker};

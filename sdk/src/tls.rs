@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use crate::client::Error;
+use crate::error::Error;
 
 /// How a client secures its connection to an `https://` endpoint. The default verifies the
 /// node against the webpki roots and presents no certificate.
@@ -56,7 +56,8 @@ fn read(what: &str, path: &Path) -> Result<Vec<u8>, Error> {
         .map_err(|e| Error::Invalid(format!("cannot read the {what} {}: {e}", path.display())))
 }
 
-/// The TLS options of the command lines (`kairosctl`, `kairos worker`).
+/// The TLS options of the command lines (`kairosctl`, `kairos worker`); with the `cli` feature.
+#[cfg(feature = "cli")]
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TlsArgs {
     /// PEM CA certificate to verify an https:// node against, instead of the built-in
@@ -71,6 +72,7 @@ pub struct TlsArgs {
     pub client_key: Option<PathBuf>,
 }
 
+#[cfg(feature = "cli")]
 impl TlsArgs {
     /// The options as the client takes them.
     pub fn tls(&self) -> Tls {

@@ -20,7 +20,8 @@ use kairos_proto::v1::{
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::client::{Client, Error};
+use crate::client::Client;
+use crate::error::Error;
 
 /// A claimed execution handed to a handler.
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@
 
 pub mod check;
 pub mod clock;
+pub mod limits;
 pub mod net;
 pub mod plan;
 pub mod run;

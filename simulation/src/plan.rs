@@ -13,6 +13,8 @@ pub const PRIMARY: &str = "east";
 /// The other region's name.
 pub const SECONDARY: &str = "west";
 
+pub use crate::limits::WORK_MAX_MS;
+
 /// Faults fire only before this point of simulated time; then everything heals.
 pub const FAULT_WINDOW: Duration = Duration::from_secs(40);
 
@@ -306,7 +308,7 @@ impl Plan {
     pub fn liveness_bound(&self) -> Duration {
         let c = &self.config;
         let takeover = c.node_ttl_ms + 2 * c.shard_lease_ms + c.max_clock_skew_ms + c.window_ms;
-        let per_attempt = 2 * self.attempt_lease_ms + crate::workload::WORK_MAX_MS + 4_000;
+        let per_attempt = 2 * self.attempt_lease_ms + WORK_MAX_MS + 4_000;
         Duration::from_millis(takeover + u64::from(self.max_attempts) * per_attempt + 10_000)
     }
 

@@ -15,14 +15,12 @@ use kairos_proto::v1::{
 use kairos_sdk::{Client, Task, TaskError};
 
 use crate::clock::true_now_ms;
-use crate::plan::{FAULT_WINDOW, Lane, Plan};
+use crate::plan::{FAULT_WINDOW, Lane, Plan, WORK_MAX_MS};
 
 /// The definition a lane's executions run (one per queue, registered in each namespace).
 pub fn job(lane: &Lane) -> String {
     format!("registry://jobs/simjob-{}", lane.queue)
 }
-/// The longest a handler works.
-pub const WORK_MAX_MS: u64 = 12_000;
 
 /// A lane's definition source for a plan: `simjob-<queue>`, on that queue.
 pub fn definition(plan: &Plan, lane: &Lane) -> String {

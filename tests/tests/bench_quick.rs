@@ -61,23 +61,63 @@ fn s2_burst() {
     let v = quick("s2", &[]);
     assert_eq!(v["count"], 2_000, "{v}");
     assert!(v["completions_per_s"].as_f64().unwrap() > 0.0, "{v}");
-    assert!(v["lateness_ms"]["p99"].as_f64().is_some(), "{v}");
+    assert_lateness(&v["lateness_ms"], 2_000);
     assert!(v["node_cpu_s"].as_f64().is_some() && v["node_peak_rss_mib"].as_f64().is_some(), "{v}");
+}
+
+/// A number of the JSON line (panics, naming the field, if it is not one).
+fn num(v: &Value, field: &str) -> f64 {
+    v[field].as_f64().unwrap_or_else(|| panic!("{field} is not a number: {v}"))
+}
+
+/// A phase's lateness: a start seen for each of its `count` executions, none before its
+/// `execute_at` (min ≥ 0), and percentiles in order.
+fn assert_lateness(l: &Value, count: u64) {
+    assert_eq!(l["n"], count, "a start for every execution: {l}");
+    let [min, p50, p90, p99, max] = ["min", "p50", "p90", "p99", "max"].map(|f| num(l, f));
+    assert!(0.0 <= min && min <= p50 && p50 <= p90 && p90 <= p99 && p99 <= max, "{l}");
+}
+
+/// A steady phase of s3 or s4: every execution submitted, acknowledged and started once at
+/// least, none missing or early.
+fn assert_steady(v: &Value, count: u64) {
+    assert_eq!(v["count"], count, "{v}");
+    assert_eq!(v["missing"], 0, "{v}");
+    assert_eq!(v["early"], 0, "{v}");
+    assert!(v["acked_late"].as_u64().is_some_and(|n| n <= count), "{v}");
+    // s3 reports {"total", "retried", "redelivered"}, each s4 phase the total alone.
+    let duplicates = v["duplicates"].get("total").unwrap_or(&v["duplicates"]);
+    assert!(duplicates.as_u64().is_some_and(|n| n <= count), "{v}");
+    assert_lateness(&v["lateness_ms"], count);
 }
 
 #[test]
 fn s3_precision() {
     let v = quick("s3", &[]);
-    assert_eq!(v["count"], 600, "{v}");
-    assert!(v["lateness_ms"]["p99"].as_f64().is_some(), "{v}");
+    assert_eq!((v["rate"].clone(), v["duration_s"].clone()), (200.into(), 3.into()), "{v}");
+    assert_steady(&v, 600);
+    assert_eq!(v["timed_out"], false, "{v}");
+    assert!(num(&v, "node_cpu_s") > 0.0 && num(&v, "node_peak_rss_mib") > 0.0, "{v}");
 }
 
 #[test]
 fn s4_scale() {
     let v = quick("s4", &[]);
     assert_eq!(v["preload"], 20_000, "{v}");
-    assert!(v["p99_ratio"].as_f64().is_some(), "{v}");
-    assert!(v["node_rss_after_preload_mib"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(num(&v, "preload_per_s") > 0.0, "{v}");
+    assert_steady(&v["baseline"], 600);
+    assert_steady(&v["after"], 600);
+    assert_eq!(v["timed_out"], false, "{v}");
+    let (before, after) = (num(&v, "p99_before_ms"), num(&v, "p99_after_ms"));
+    assert_eq!(before, num(&v["baseline"]["lateness_ms"], "p99"), "{v}");
+    assert_eq!(after, num(&v["after"]["lateness_ms"], "p99"), "{v}");
+    if before > 0.05 {
+        // The ratio is of the unrounded p99s (each printed to 0.05 ms), rounded to 0.005.
+        let ratio = num(&v, "p99_ratio");
+        let (low, high) = ((after - 0.05) / (before + 0.05), (after + 0.05) / (before - 0.05));
+        assert!(low - 0.005 <= ratio && ratio <= high + 0.005, "{v}");
+    }
+    assert!(num(&v, "node_rss_after_preload_mib") > 0.0, "{v}");
 }
 
 #[test]

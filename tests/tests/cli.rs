@@ -376,14 +376,16 @@ fn against_a_node_retries_and_the_console() {
     );
 }
 
-/// The console on a terminal (a pseudo-terminal from util-linux `script`): the Up arrow recalls
-/// the last line (it used to be read as the command "\u{1b}[A"), Tab completes a command, the
-/// history is saved, and `quit` leaves with 0.
+/// The console on a terminal (a pseudo-terminal from util-linux `script`, in Debian's essential
+/// bsdutils; `.ci/run` makes sure it is there): the Up arrow recalls the last line (it used to
+/// be read as the command "\u{1b}[A"), Tab completes a command, the history is saved, and `quit`
+/// leaves with 0. Without `script` the test fails, saying so.
 #[test]
 fn the_console_on_a_terminal_edits_and_keeps_history() {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` (util-linux) to make a pseudo-terminal");
-        return;
+    if let Err(e) = Command::new("script").arg("--version").output() {
+        panic!(
+            "this test needs `script` (util-linux, Debian package bsdutils) for a pseudo-terminal: {e}"
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("history");

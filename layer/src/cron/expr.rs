@@ -23,7 +23,7 @@
 //! weekday n (`5L` = last Friday), `n#k` its k-th weekday n (`MON#1` = first Monday).
 
 use crate::limits::CRON_SEARCH_YEARS_MAX;
-use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
+use chrono::{Datelike, Duration, Months, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
 
 /// What is wrong with an expression: the field and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -405,7 +405,9 @@ impl Expr {
     /// most [`CRON_SEARCH_YEARS_MAX`] years ahead.
     pub fn next_after(&self, after: NaiveDateTime) -> Option<NaiveDateTime> {
         let start = after.with_nanosecond(0)? + Duration::seconds(1);
-        let limit = start.date().with_year(start.year() + CRON_SEARCH_YEARS_MAX)?;
+        // Months, not `with_year`: a year from 29 February is 28 February (or 1 March), never
+        // "no such date" — which once ended every schedule on 2028-02-29.
+        let limit = start.date().checked_add_months(Months::new(12 * CRON_SEARCH_YEARS_MAX))?;
         let (mut date, mut from) = (start.date(), start.time());
         while date <= limit {
             if self.months & (1 << date.month()) == 0 {

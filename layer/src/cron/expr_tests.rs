@@ -229,3 +229,239 @@ fn random_expressions_agree_with_an_independent_model() {
     }
     assert!(checked > 500, "only {checked} comparisons");
 }
+
+/// An independent Gregorian calendar (no chrono): days since 1970-01-01 ↔ (year, month, day),
+/// the leap rule from its definition, weekdays from the day count (1970-01-01 was a Thursday).
+mod civil {
+    pub fn is_leap(y: i64) -> bool {
+        (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+    }
+
+    pub fn days_in_month(y: i64, m: u32) -> u32 {
+        match m {
+            2 if is_leap(y) => 29,
+            2 => 28,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        }
+    }
+
+    /// Days since 1970-01-01 by counting whole years and months (slow, obviously right).
+    pub fn days(y: i64, m: u32, d: u32) -> i64 {
+        assert!(y >= 1970);
+        let years: i64 = (1970..y).map(|yy| if is_leap(yy) { 366 } else { 365 }).sum();
+        let months: i64 = (1..m).map(|mm| i64::from(days_in_month(y, mm))).sum();
+        years + months + i64::from(d) - 1
+    }
+
+    /// (year, month, day) of a day number, walking forward from a known year start.
+    pub fn date(mut n: i64) -> (i64, u32, u32) {
+        let mut y = 1970;
+        loop {
+            let len = if is_leap(y) { 366 } else { 365 };
+            if n < len {
+                break;
+            }
+            n -= len;
+            y += 1;
+        }
+        let mut m = 1;
+        while n >= i64::from(days_in_month(y, m)) {
+            n -= i64::from(days_in_month(y, m));
+            m += 1;
+        }
+        (y, m, n as u32 + 1)
+    }
+
+    /// 0 = Sunday.
+    pub fn weekday(n: i64) -> u32 {
+        ((n + 4).rem_euclid(7)) as u32
+    }
+}
+
+/// The model on the independent calendar: a day number matches, and the first minute after
+/// `(day, minute_of_day)` that matches, searching `days` days.
+struct CivilModel<'a> {
+    m: &'a Model,
+    /// `L` in the day-of-month field (the month's last day) instead of the model's values.
+    dom_last: bool,
+}
+
+impl CivilModel<'_> {
+    fn day(&self, (y, mo, d): (i64, u32, u32), weekday: u32) -> bool {
+        if !self.m.month.values.contains(&mo) {
+            return false;
+        }
+        let dom = if self.dom_last {
+            d == civil::days_in_month(y, mo)
+        } else {
+            self.m.dom.values.contains(&d)
+        };
+        let dow = self.m.dow.values.contains(&weekday);
+        let dom_star = self.m.dom.star && !self.dom_last;
+        if dom_star || self.m.dow.star { dom && dow } else { dom || dow }
+    }
+
+    /// First (day number, minute of day) strictly after `(day, minute, second)` (occurrences are
+    /// at second 0, so the start's own minute never counts), searching `days` days.
+    fn next_after(&self, day: i64, minute: u32, _second: u32, days: i64) -> Option<(i64, u32)> {
+        let (mut y, mut mo, mut d) = civil::date(day);
+        let mut n = day;
+        while n < day + days {
+            if !self.m.month.values.contains(&mo) {
+                // Skip the rest of the month.
+                n += i64::from(civil::days_in_month(y, mo) - d) + 1;
+                (y, mo, d) = if mo == 12 { (y + 1, 1, 1) } else { (y, mo + 1, 1) };
+                continue;
+            }
+            if self.day((y, mo, d), civil::weekday(n)) {
+                let from = if n == day { minute + 1 } else { 0 };
+                for min in from..1440 {
+                    if self.m.hour.values.contains(&(min / 60))
+                        && self.m.minute.values.contains(&(min % 60))
+                    {
+                        return Some((n, min));
+                    }
+                }
+            }
+            n += 1;
+            (y, mo, d) = if d < civil::days_in_month(y, mo) {
+                (y, mo, d + 1)
+            } else if mo < 12 {
+                (y, mo + 1, 1)
+            } else {
+                (y + 1, 1, 1)
+            };
+        }
+        None
+    }
+}
+
+fn naive_of_civil(n: i64, minute: u32, second: u32) -> NaiveDateTime {
+    let (y, m, d) = civil::date(n);
+    NaiveDate::from_ymd_opt(y as i32, m, d)
+        .unwrap()
+        .and_hms_opt(minute / 60, minute % 60, second)
+        .unwrap()
+}
+
+#[test]
+fn the_independent_calendar_agrees_with_known_dates() {
+    // Spot checks of the oracle itself, from outside both calendars.
+    assert_eq!(civil::days(1970, 1, 1), 0);
+    assert_eq!(civil::days(2000, 3, 1), 11_017);
+    assert_eq!(civil::weekday(civil::days(2028, 2, 29)), 2); // a Tuesday
+    assert_eq!(civil::weekday(civil::days(2100, 3, 1)), 1); // a Monday
+    assert!(civil::is_leap(2000) && civil::is_leap(2028) && !civil::is_leap(2100));
+    for n in [0, 11_016, 11_017, 21_243, 47_540, 47_541] {
+        let (y, m, d) = civil::date(n);
+        assert_eq!(civil::days(y, m, d), n);
+    }
+}
+
+#[test]
+fn schedules_run_on_across_every_leap_day_from_every_start_day() {
+    // The bug: a search horizon computed with `with_year` from 29 February does not exist, so a
+    // schedule asked for its next run on a leap day (2028-02-29) had none and ended.
+    // Every start day from 2023 to 2105 (so 2024, 2028, … 2104 and the non-leap 2100), at
+    // three times of day, for expressions whose answers cross month, year and leap-day edges.
+    let cases: [(&str, bool); 8] = [
+        ("0 3 * * *", false),
+        ("30 23 * * *", false),
+        ("0 0 29 2 *", false),
+        ("0 12 28-31 2 *", false),
+        ("0 0 1 3 *", false),
+        ("15 6 31 * *", false),
+        ("0 0 L * *", true),
+        ("0 9 * 2 TUE", false),
+    ];
+    let first = civil::days(2023, 1, 1);
+    let last = civil::days(2105, 12, 31);
+    for (text, dom_last) in cases {
+        let e = Expr::parse(text).unwrap();
+        let fields: Vec<&str> = text.split(' ').collect();
+        let model = model_of(&fields);
+        let oracle = CivilModel { m: &model, dom_last };
+        let mut checked = 0;
+        for n in first..=last {
+            for (minute, second) in [(0, 0), (4 * 60, 0), (23 * 60 + 59, 59)] {
+                let start = naive_of_civil(n, minute, second);
+                let want = oracle
+                    .next_after(n, minute, second, 9 * 366)
+                    .map(|(d, m)| naive_of_civil(d, m, 0));
+                assert_eq!(e.next_after(start), want, "{text} after {start}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 90_000, "{text}: {checked}");
+    }
+}
+
+/// A plain-fields model from five written fields (`L` handled by the caller).
+fn model_of(f: &[&str]) -> Model {
+    let parse = |s: &str, lo: u32, hi: u32| -> Field {
+        if s == "*" || s == "L" {
+            return Field { values: (lo..=hi).collect(), text: s.into(), star: s == "*" };
+        }
+        let names = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+        let mut values = Vec::new();
+        for part in s.split(',') {
+            let v = |x: &str| -> u32 {
+                names.iter().position(|n| *n == x).map_or_else(|| x.parse().unwrap(), |p| p as u32)
+            };
+            match part.split_once('-') {
+                Some((a, b)) => values.extend(v(a)..=v(b)),
+                None => values.push(v(part)),
+            }
+        }
+        Field { values, text: s.into(), star: false }
+    };
+    Model {
+        minute: parse(f[0], 0, 59),
+        hour: parse(f[1], 0, 23),
+        dom: parse(f[2], 1, 31),
+        month: parse(f[3], 1, 12),
+        dow: parse(f[4], 0, 6),
+    }
+}
+
+#[test]
+fn random_expressions_agree_with_the_independent_calendar_around_leap_days() {
+    // Random plain expressions from random instants clustered at the edges of February and of
+    // the year, 2024–2104, against the chrono-free calendar.
+    let rng = Rng::seeded(20_280_229);
+    const MONTHS: [&str; 12] =
+        ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
+    const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+    let mut checked = 0;
+    for _ in 0..400 {
+        let m = Model {
+            minute: random_field(&rng, 0, 59, &[], 0),
+            hour: random_field(&rng, 0, 23, &[], 0),
+            dom: random_field(&rng, 1, 31, &[], 1),
+            month: random_field(&rng, 1, 12, &MONTHS, 1),
+            dow: random_field(&rng, 0, 6, &DAYS, 0),
+        };
+        let text = format!(
+            "{} {} {} {} {}",
+            m.minute.text, m.hour.text, m.dom.text, m.month.text, m.dow.text
+        );
+        let Ok(e) = Expr::parse(&text) else { continue };
+        let oracle = CivilModel { m: &m, dom_last: false };
+        for _ in 0..10 {
+            let year = 2024 + 4 * rng.below(21) as i64; // leap years and 2100
+            let (mo, d) = [(2, 27), (2, 28), (3, 1), (12, 31), (1, 1)][rng.below(5) as usize];
+            let d = d.min(civil::days_in_month(year, mo));
+            let n = civil::days(year, mo, d) + rng.below(3) as i64 - 1;
+            let (minute, second) = (rng.below(1440) as u32, rng.below(60) as u32);
+            let start = naive_of_civil(n, minute, second);
+            let want =
+                oracle.next_after(n, minute, second, 800).map(|(d, m)| naive_of_civil(d, m, 0));
+            if want.is_some() {
+                assert_eq!(e.next_after(start), want, "{text} after {start}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 2_000, "only {checked} comparisons");
+}

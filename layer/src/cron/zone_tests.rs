@@ -229,3 +229,22 @@ fn local_times_and_zones() {
     let d = NaiveDate::from_ymd_opt(2026, 7, 1).unwrap();
     assert_eq!(d.year(), 2026);
 }
+
+#[test]
+fn a_daily_schedule_goes_on_after_a_leap_day() {
+    // The reported reproduction: `cron preview '0 3 * * *' --tz UTC --from 2028-02-29T04:00:00Z
+    // --until 2028-03-04T00:00:00Z` printed nothing (every schedule ended on 2028-02-29).
+    for zone in ["UTC", "Europe/London", "America/New_York", "Australia/Lord_Howe"] {
+        let s = sched("0 3 * * *", zone, GapPolicy::ShiftToGapEnd, FoldPolicy::First);
+        let from = ms("2028-02-29T12:00:00Z"); // past 03:00 on 29 February local everywhere
+        let got: Vec<_> = s
+            .between(from, ms("2028-03-05T00:00:00Z") + 86_400_000, 10)
+            .into_iter()
+            .map(|u| s.local(u).format("%Y-%m-%d %H:%M").to_string())
+            .collect();
+        assert_eq!(got.first().map(String::as_str), Some("2028-03-01 03:00"), "{zone}: {got:?}");
+        assert!(got.len() >= 4, "{zone}: {got:?}");
+        let s = sched("0 3 * * *", zone, GapPolicy::ShiftToGapEnd, FoldPolicy::First);
+        assert!(s.next_after(ms("2028-02-29T12:00:00Z")).is_some(), "{zone}");
+    }
+}

@@ -84,3 +84,25 @@ pub fn strinc(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 /// Most transactions written by one engine commit (one fsync).
 pub const GROUP_COMMIT_TRANSACTIONS_MAX: usize = 8_192;
+
+// The embedded backend.
+
+/// `EmbeddedOptions::verify_after_crash_bytes_max` by default.
+pub const VERIFY_AFTER_CRASH_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
+// The postgres backend.
+
+/// Most transactions one commit batch (one PostgreSQL transaction) carries.
+pub const COMMIT_BATCH_TRANSACTIONS_MAX: usize = 1_024;
+/// PostgreSQL's largest B-tree entry (a third of an 8 KiB page, after compression): the
+/// `limit` reported when PostgreSQL refuses a key.
+pub const PG_KEY_INDEX_BYTES_MAX: usize = 2_704;
+/// Most commit batches remembered for read versions (see `AckLog`).
+pub const ACK_LOG_BATCHES_MAX: usize = 4_096;
+/// Longest notification payload sent (PostgreSQL's limit is 8,000 bytes).
+pub const PAYLOAD_BYTES_MAX: usize = 7_000;
+/// Longest pause between two attempts to reconnect the listening connection.
+pub const RECONNECT_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// Stored rows a limited range read fetches per round trip at least when the transaction's
+/// own cleared ranges may hide some of them.
+pub const RANGE_PAGE_ROWS_HIDDEN_MIN: usize = 256;

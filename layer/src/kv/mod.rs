@@ -4,7 +4,9 @@
 //!
 //! Backends: [`memory`] (MVCC + OCC resolver, seeded fault injection, for tests and the
 //! simulation), [`embedded`] (the same resolver over redb with group commit: the zero-set-up
-//! default) and, behind the `fdb` cargo feature, `fdb` (a thin adapter over FoundationDB).
+//! default), [`postgres`] (FoundationDB's commit protocol over a PostgreSQL database shared by
+//! several nodes) and, behind the `fdb` cargo feature, `fdb` (a thin adapter over
+//! FoundationDB).
 
 pub mod embedded;
 pub mod error;
@@ -13,6 +15,7 @@ pub mod fdb;
 pub mod limits;
 mod local;
 pub mod memory;
+pub mod postgres;
 mod run;
 
 use std::future::Future;
@@ -159,7 +162,7 @@ pub enum StoreHealth {
 pub trait KvDatabase: Send + Sync + 'static {
     /// Starts a transaction. Fails with `DatabaseClosed` after `close`.
     fn begin(&self) -> Result<Arc<dyn KvTransaction>>;
-    /// A short name of the backend (`memory`, `embedded`, `fdb`).
+    /// A short name of the backend (`memory`, `embedded`, `postgres`, `fdb`).
     fn backend_name(&self) -> &'static str;
     /// Closes the database: new transactions fail, pending watches fail with `DatabaseClosed`,
     /// commits already acknowledged stay durable.

@@ -27,10 +27,10 @@ use sha2::Sha256;
 
 use crate::worker::{Task, TaskError};
 
+use crate::limits::BODY_READ_MAX;
+
 /// The header carrying the signature.
 pub const SIGNATURE_HEADER: &str = "Kairos-Signature";
-/// Longest answer body read, in bytes (the output limit is 32 KiB; the rest is cut).
-const BODY_READ_MAX: usize = 1024 * 1024;
 
 /// The signature header's value for `body` sent at `unix_secs`: `t=<secs>,v1=<hex>`.
 pub fn signature(secret: &[u8], unix_secs: i64, body: &[u8]) -> String {

@@ -1,4 +1,4 @@
 //! `kairosctl`, built inside the e2e test package.
 fn main() {
-    kairos_sdk::ctl::main()
+    kairos_ctl::main()
 }

@@ -40,6 +40,11 @@ impl Watches {
         self.any.load(Ordering::SeqCst)
     }
 
+    /// The keys watched now.
+    pub(crate) fn keys(&self) -> Vec<Vec<u8>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
     /// Registers a watch expecting `expected`; fires at once if the current value, read by
     /// `current` **under the watch lock**, already differs. Holding the lock across the read
     /// and the insert closes the window where a commit published after the read notifies

@@ -12,10 +12,10 @@ use kairos_proto::v1::ExecutionStatus;
 use kairos_proto::v1::submit_request::When;
 use serde_json::{Value, json};
 
+use super::env::{Env, node_usage};
 use super::progress::Progress;
 use super::stats::{Report, int, rate};
 use super::submit::{self, Make, OnOk};
-use super::{Env, node_usage};
 
 const HOUR_MS: u64 = 3_600_000;
 

@@ -13,12 +13,12 @@ use anyhow::{Result, bail};
 use kairos_proto::v1::submit_request::When;
 use serde_json::{Value, json};
 
+use super::env::{Env, describe, node_usage};
 use super::progress::Progress;
 use super::stats::{Report, int, ms, rate, round1};
 use super::submit::{self, Make, OnOk};
 use super::track::Outcome;
-use super::workers::now_us;
-use super::{Env, describe, node_usage, now_ms};
+use super::workers::{now_ms, now_us};
 
 /// After everything started: how long to keep reading for immediate duplicates.
 const GRACE: Duration = Duration::from_millis(500);

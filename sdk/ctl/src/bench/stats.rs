@@ -12,7 +12,6 @@ pub struct Summary {
     pub p90: f64,
     pub p99: f64,
     pub max: f64,
-    pub mean: f64,
 }
 
 /// The nearest-rank percentile `p` (0–100) of a sorted sample.
@@ -38,13 +37,13 @@ impl Summary {
             p90: percentile(&v, 90.0),
             p99: percentile(&v, 99.0),
             max: v[v.len() - 1],
-            mean: v.iter().sum::<f64>() / v.len() as f64,
         }
     }
 
-    /// `{"p50":…,"p90":…,"p99":…,"max":…}` (ms, one decimal).
+    /// `{"n":…,"min":…,"p50":…,"p90":…,"p99":…,"max":…}` (ms, one decimal; `n` samples).
     pub fn json(&self) -> Value {
-        json!({"p50": round1(self.p50), "p90": round1(self.p90), "p99": round1(self.p99), "max": round1(self.max)})
+        json!({"n": self.n, "min": round1(self.min), "p50": round1(self.p50), "p90": round1(self.p90),
+            "p99": round1(self.p99), "max": round1(self.max)})
     }
 
     /// `p50 / p90 / p99 / max` for the table.

@@ -7,6 +7,12 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use serde_json::Value;
 
+mod cron;
+pub mod values;
+
+pub use cron::{Cron, CronCreate, CronUpdate, Policies};
+use values::{json_value, rfc3339, seconds};
+
 /// What the exit codes mean (shown under `--help`).
 pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · \
 4 conflict (already exists, wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out · \
@@ -34,7 +40,7 @@ pub struct Cli {
     )]
     pub endpoint: String,
     #[command(flatten)]
-    pub tls: crate::tls::TlsArgs,
+    pub tls: kairos_sdk::TlsArgs,
     /// The namespace.
     #[arg(
         long,
@@ -263,203 +269,6 @@ pub enum Definitions {
     },
     /// Every definition.
     List,
-}
-
-/// The policies of a schedule (create), each also settable by `cron update`.
-#[derive(Debug, Args, Default)]
-pub struct Policies {
-    /// What a daily time inside a DST gap does.
-    #[arg(long, value_parser = ["skip", "shift-to-gap-end", "shift-by-gap"])]
-    pub dst_gap: Option<String>,
-    /// What a time repeated by a DST fold does.
-    #[arg(long, value_parser = ["first", "second", "both"])]
-    pub dst_fold: Option<String>,
-    /// Occurrences missed while down.
-    #[arg(long, value_parser = ["skip", "latest", "all"])]
-    pub missed: Option<String>,
-    /// How far back missed occurrences are made up.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds_ms)]
-    pub catch_up_window: Option<i64>,
-    /// When an occurrence falls due while the previous run is still going.
-    #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
-    pub overlap: Option<String>,
-    /// Random delay of each run, up to this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds_ms)]
-    pub jitter: Option<i64>,
-    /// The inputs of every run, a JSON object (`{{occurrence}}` placeholders).
-    #[arg(long, value_name = "JSON", value_parser = json_text)]
-    pub inputs: Option<String>,
-    /// Not before this time ("" for no start).
-    #[arg(long, value_name = "RFC3339", value_parser = rfc3339_or_empty)]
-    pub start: Option<i64>,
-    /// Not after this time ("" for no end).
-    #[arg(long, value_name = "RFC3339", value_parser = rfc3339_or_empty)]
-    pub end: Option<i64>,
-    /// Only this many runs.
-    #[arg(long, value_name = "N")]
-    pub runs: Option<u32>,
-    /// Free text.
-    #[arg(long, value_name = "TEXT")]
-    pub notes: Option<String>,
-}
-
-/// `cron …`.
-#[derive(Debug, Subcommand)]
-pub enum Cron {
-    /// Creates a schedule.
-    Create {
-        /// registry://jobs/NAME
-        definition_uri: String,
-        /// The definition's version.
-        version: u32,
-        /// The cron expression (5 or 6 fields, or @daily…), quoted.
-        expression: String,
-        /// The IANA time zone.
-        #[arg(long, value_name = "ZONE", default_value = "UTC")]
-        tz: String,
-        /// The schedule's id (made up when not given).
-        #[arg(long, default_value = "")]
-        id: String,
-        /// Pause the schedule when a run fails.
-        #[arg(long)]
-        pause_on_failure: bool,
-        /// Create it paused.
-        #[arg(long)]
-        paused: bool,
-        #[command(flatten)]
-        policies: Policies,
-    },
-    /// Changes a schedule; only the flags given change.
-    Update {
-        /// The schedule's id.
-        id: String,
-        /// A new expression.
-        #[arg(long, value_name = "EXPR")]
-        expression: Option<String>,
-        /// A new time zone.
-        #[arg(long, value_name = "ZONE")]
-        tz: Option<String>,
-        /// Another definition.
-        #[arg(long, value_name = "URI")]
-        definition: Option<String>,
-        /// Another definition version.
-        #[arg(long, value_name = "N")]
-        version: Option<u32>,
-        /// Pause the schedule when a run fails.
-        #[arg(long, value_name = "BOOL")]
-        pause_on_failure: Option<bool>,
-        #[command(flatten)]
-        policies: Policies,
-    },
-    /// A schedule.
-    Get {
-        /// The schedule's id.
-        id: String,
-    },
-    /// The schedules.
-    List {
-        /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 100)]
-        limit: u32,
-    },
-    /// Deletes a schedule (its executions stay).
-    Delete {
-        /// The schedule's id.
-        id: String,
-    },
-    /// Pauses a schedule.
-    Pause {
-        /// The schedule's id.
-        id: String,
-    },
-    /// Resumes a paused schedule.
-    Resume {
-        /// The schedule's id.
-        id: String,
-        /// Make up the occurrences missed while paused (per its missed policy).
-        #[arg(long)]
-        catch_up: bool,
-    },
-    /// When an expression fires (no stored schedule needed).
-    Preview {
-        /// The cron expression, quoted.
-        expression: String,
-        /// The IANA time zone.
-        #[arg(long, value_name = "ZONE", default_value = "UTC")]
-        tz: String,
-        /// From this time (default now).
-        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
-        from: Option<i64>,
-        /// Until this time.
-        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
-        until: Option<i64>,
-        /// What a time inside a DST gap does.
-        #[arg(long, value_parser = ["skip", "shift-to-gap-end", "shift-by-gap"])]
-        dst_gap: Option<String>,
-        /// What a time repeated by a DST fold does.
-        #[arg(long, value_parser = ["first", "second", "both"])]
-        dst_fold: Option<String>,
-        /// At most this many occurrences.
-        #[arg(long, value_name = "N", default_value_t = 0)]
-        limit: u32,
-    },
-    /// Queues the occurrences of a past interval.
-    Backfill {
-        /// The schedule's id.
-        id: String,
-        /// From this time.
-        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
-        from: i64,
-        /// Until this time.
-        #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
-        until: i64,
-        /// The overlap policy for these runs.
-        #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
-        overlap: Option<String>,
-    },
-    /// A schedule's executions, oldest occurrence first.
-    Runs {
-        /// The schedule's id.
-        id: String,
-        /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 100)]
-        limit: u32,
-    },
-}
-
-/// An RFC 3339 time → ms since the epoch.
-pub fn rfc3339(v: &str) -> Result<i64, String> {
-    chrono::DateTime::parse_from_rfc3339(v)
-        .map(|t| t.timestamp_millis())
-        .map_err(|e| format!("not an RFC 3339 time like 2026-03-08T00:00:00Z ({e})"))
-}
-
-/// An RFC 3339 time, or "" (0: none).
-pub fn rfc3339_or_empty(v: &str) -> Result<i64, String> {
-    if v.is_empty() { Ok(0) } else { rfc3339(v) }
-}
-
-/// Seconds (fractions allowed, not negative).
-pub fn seconds(v: &str) -> Result<Duration, String> {
-    v.parse::<f64>()
-        .ok()
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .ok_or_else(|| format!("not a number of seconds: {v:?}"))
-}
-
-/// Seconds → ms.
-pub fn seconds_ms(v: &str) -> Result<i64, String> {
-    seconds(v).map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// A JSON value.
-pub fn json_value(v: &str) -> Result<Value, String> {
-    serde_json::from_str(v).map_err(|e| format!("malformed JSON: {e}"))
-}
-
-/// A JSON value, re-serialized.
-pub fn json_text(v: &str) -> Result<String, String> {
-    json_value(v).map(|j| j.to_string())
 }
 
 #[cfg(test)]

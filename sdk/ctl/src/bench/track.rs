@@ -28,7 +28,6 @@ pub struct Tracker {
     /// submission's acknowledgement, and leftovers of earlier runs may be delivered.
     unknown: HashMap<String, Vec<Start>>,
     started: usize,
-    records: u64,
 }
 
 /// The tracker, shared by submitters and the worker pipes' readers.
@@ -99,7 +98,6 @@ impl Tracker {
 
     /// A handler start read from a worker.
     pub fn start(&mut self, id: &str, attempt: u32, at_us: i64) {
-        self.records += 1;
         let s = Start { attempt, at_us };
         match self.expected.get_mut(id) {
             Some(e) => {
@@ -122,11 +120,6 @@ impl Tracker {
         self.started
     }
 
-    /// Start records read in this phase.
-    pub fn records(&self) -> u64 {
-        self.records
-    }
-
     /// The first start (µs) after `after_us`, over every start of this phase.
     pub fn first_start_after(&self, after_us: i64) -> Option<i64> {
         self.expected
@@ -136,16 +129,6 @@ impl Tracker {
             .map(|s| s.at_us)
             .filter(|&t| t > after_us)
             .min()
-    }
-
-    /// Ids acknowledged and not started (at most `limit`).
-    pub fn missing(&self, limit: usize) -> Vec<String> {
-        self.expected
-            .iter()
-            .filter(|(_, e)| e.starts.is_empty())
-            .map(|(id, _)| id.clone())
-            .take(limit)
-            .collect()
     }
 
     /// Lateness, duplicates, missing and early starts of this phase.

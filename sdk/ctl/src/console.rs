@@ -19,9 +19,11 @@ use rustyline::history::DefaultHistory;
 use rustyline::validate::Validator;
 use rustyline::{Config, Context, Editor, Helper};
 
-use super::args::{ConsoleCommand, ConsoleLine};
-use super::{Failure, Opts, report, run as run_command};
-use crate::Client;
+use kairos_sdk::Client;
+
+use crate::args::{Api, ConsoleCommand, ConsoleLine};
+use crate::commands::{run as run_command, with_key};
+use crate::output::{Failure, Opts, report};
 
 /// Execution ids seen in this session's output, offered by Tab.
 type Seen = Arc<Mutex<BTreeSet<String>>>;
@@ -128,7 +130,7 @@ enum Step {
     /// Nothing (an empty line, help printed, a usage error reported).
     Nothing,
     Quit,
-    Run(Opts, super::args::Api),
+    Run(Opts, Api),
 }
 
 /// Parses one line (`session_json`: the session's `--json`).
@@ -169,9 +171,9 @@ fn parse_line(line: &str, session_json: bool) -> Step {
 /// Runs the console against `endpoint`; returns the exit code (0 after `quit` or end of input).
 /// It connects at the first command that needs the node (and again after a failed attempt):
 /// `help` works with the node down, and an unreachable node is reported, not fatal.
-pub(super) async fn run(
+pub(crate) async fn run(
     endpoint: &str,
-    tls: &crate::Tls,
+    tls: &kairos_sdk::Tls,
     api_key: Option<String>,
     namespace: String,
     o: Opts,
@@ -202,7 +204,7 @@ pub(super) async fn run(
                     if client.is_none() {
                         let connected = Client::connect_tls(endpoint, tls)
                             .await
-                            .and_then(|c| super::with_key(c, api_key.as_deref()));
+                            .and_then(|c| with_key(c, api_key.as_deref()));
                         match connected {
                             Ok(c) => client = Some(c.with_namespace(namespace.clone())),
                             Err(e) => {
@@ -266,7 +268,7 @@ mod tests {
     #[test]
     fn lines_are_split_like_a_shell() {
         match parse_line(r#"submit registry://jobs/echo 1 --inputs '{"name": "a b"}'"#, false) {
-            Step::Run(_, super::super::args::Api::Submit(s)) => {
+            Step::Run(_, Api::Submit(s)) => {
                 assert_eq!(s.inputs, Some(serde_json::json!({"name": "a b"})));
             }
             _ => panic!("not a submit"),

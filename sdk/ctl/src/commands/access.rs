@@ -1,11 +1,11 @@
 //! `kairosctl keys …`, `audit`, `whoami`, `limits`.
 
+use kairos_proto::v1::ApiKey;
+use kairos_sdk::Client;
 use serde_json::{Value, json};
 
-use super::args::Keys;
-use super::{Failure, Opts, table, time};
-use crate::Client;
-use kairos_proto::v1::ApiKey;
+use crate::args::Keys;
+use crate::output::{Failure, Opts, table, time};
 
 fn key_json(k: &ApiKey) -> Value {
     json!({

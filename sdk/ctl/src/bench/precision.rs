@@ -16,11 +16,12 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 use super::burst::{duplicates, missing_and_early};
+use super::env::{Env, node_usage};
 use super::progress::Progress;
 use super::stats::{Report, int, rate, round1, round2};
 use super::submit::{self, Make, OnOk};
 use super::track::Outcome;
-use super::{Env, node_usage, now_ms};
+use super::workers::now_ms;
 
 /// How far ahead of its `execute_at` each execution is submitted.
 const AHEAD_MS: i64 = 1_000;

@@ -1,6 +1,6 @@
 //! `kairosctl cron …`: durable schedules.
 //!
-//! The flags are declared in [`super::args::Cron`] (`kairosctl cron --help`).
+//! The flags are declared in [`crate::args::Cron`] (`kairosctl cron --help`).
 //!
 //! `--json cron preview` prints `{"occurrences": [{"utc": "…Z", "local": "…+hh:mm"}, …]}`, in
 //! order; it needs no stored job.
@@ -8,11 +8,11 @@
 use kairos_proto::v1::{
     CreateCronJobRequest, CronJob, CronPolicies, CronStatus, PreviewRequest, UpdateCronJobRequest,
 };
+use kairos_sdk::Client;
 use serde_json::{Value, json};
 
-use super::args::Cron;
-use super::{Failure, Opts, executions_out, table, time};
-use crate::Client;
+use crate::args::{Cron, CronCreate, CronUpdate};
+use crate::output::{Failure, Opts, execution_json, executions_out, table, time};
 
 fn status_name(j: &CronJob) -> String {
     CronStatus::try_from(j.status)
@@ -94,68 +94,85 @@ fn job_out(o: &Opts, j: &CronJob, created: Option<bool>) -> String {
     out
 }
 
+/// The request of `cron create`.
+fn create_request(c: CronCreate) -> CreateCronJobRequest {
+    let p = c.policies;
+    CreateCronJobRequest {
+        namespace: String::new(),
+        cron_job_id: c.id,
+        definition_uri: c.definition_uri,
+        definition_version: c.version,
+        inputs_json: p.inputs.unwrap_or_default(),
+        expression: c.expression,
+        timezone: c.tz,
+        policies: Some(CronPolicies {
+            dst_gap: p.dst_gap.unwrap_or_default(),
+            dst_fold: p.dst_fold.unwrap_or_default(),
+            missed: p.missed.unwrap_or_default(),
+            overlap: p.overlap.unwrap_or_default(),
+            pause_on_failure: c.pause_on_failure,
+            catch_up_window_ms: p.catch_up_window,
+            jitter_ms: p.jitter.unwrap_or(0),
+        }),
+        start_at_ms: p.start.unwrap_or(0),
+        end_at_ms: p.end.unwrap_or(0),
+        remaining_runs: p.runs.unwrap_or(0),
+        notes: p.notes.unwrap_or_default(),
+        paused: c.paused,
+    }
+}
+
+/// The request of `cron update`: only the flags given are set.
+fn update_request(u: CronUpdate) -> UpdateCronJobRequest {
+    let p = u.policies;
+    UpdateCronJobRequest {
+        cron_job_id: u.id,
+        expression: u.expression,
+        timezone: u.tz,
+        inputs_json: p.inputs,
+        definition_uri: u.definition,
+        definition_version: u.version,
+        dst_gap: p.dst_gap,
+        dst_fold: p.dst_fold,
+        missed: p.missed,
+        overlap: p.overlap,
+        notes: p.notes,
+        catch_up_window_ms: p.catch_up_window,
+        jitter_ms: p.jitter,
+        pause_on_failure: u.pause_on_failure,
+        start_at_ms: p.start,
+        end_at_ms: p.end,
+        remaining_runs: p.runs,
+        ..UpdateCronJobRequest::default()
+    }
+}
+
+/// `cron runs`: a schedule's executions, each with its occurrence in JSON.
+async fn runs(client: &Client, o: &Opts, id: &str, limit: u32) -> Result<String, Failure> {
+    let page = client.cron_runs(id, limit, Vec::new()).await?;
+    if o.json {
+        let runs: Vec<Value> = page
+            .executions
+            .iter()
+            .map(|e| {
+                let mut v = execution_json(e);
+                v["occurrence"] = Value::String(time(e.cron_occurrence_ms));
+                v
+            })
+            .collect();
+        return Ok(Value::Array(runs).to_string());
+    }
+    Ok(executions_out(o, &page.executions))
+}
+
 /// Runs `kairosctl cron <subcommand> …`.
 pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, Failure> {
     match cmd {
-        Cron::Create {
-            definition_uri,
-            version,
-            expression,
-            tz,
-            id,
-            pause_on_failure,
-            paused,
-            policies: p,
-        } => {
-            let req = CreateCronJobRequest {
-                namespace: String::new(),
-                cron_job_id: id,
-                definition_uri,
-                definition_version: version,
-                inputs_json: p.inputs.unwrap_or_default(),
-                expression,
-                timezone: tz,
-                policies: Some(CronPolicies {
-                    dst_gap: p.dst_gap.unwrap_or_default(),
-                    dst_fold: p.dst_fold.unwrap_or_default(),
-                    missed: p.missed.unwrap_or_default(),
-                    overlap: p.overlap.unwrap_or_default(),
-                    pause_on_failure,
-                    catch_up_window_ms: p.catch_up_window,
-                    jitter_ms: p.jitter.unwrap_or(0),
-                }),
-                start_at_ms: p.start.unwrap_or(0),
-                end_at_ms: p.end.unwrap_or(0),
-                remaining_runs: p.runs.unwrap_or(0),
-                notes: p.notes.unwrap_or_default(),
-                paused,
-            };
-            let (j, created) = client.create_cron_job(req).await?;
+        Cron::Create(c) => {
+            let (j, created) = client.create_cron_job(create_request(c)).await?;
             Ok(job_out(o, &j, Some(created)))
         }
-        Cron::Update { id, expression, tz, definition, version, pause_on_failure, policies: p } => {
-            let req = UpdateCronJobRequest {
-                cron_job_id: id,
-                expression,
-                timezone: tz,
-                inputs_json: p.inputs,
-                definition_uri: definition,
-                definition_version: version,
-                dst_gap: p.dst_gap,
-                dst_fold: p.dst_fold,
-                missed: p.missed,
-                overlap: p.overlap,
-                notes: p.notes,
-                catch_up_window_ms: p.catch_up_window,
-                jitter_ms: p.jitter,
-                pause_on_failure,
-                start_at_ms: p.start,
-                end_at_ms: p.end,
-                remaining_runs: p.runs,
-                ..UpdateCronJobRequest::default()
-            };
-            Ok(job_out(o, &client.update_cron_job(req).await?, None))
-        }
+        Cron::Update(u) => Ok(job_out(o, &client.update_cron_job(update_request(u)).await?, None)),
         Cron::Get { id } => Ok(job_out(o, &client.get_cron_job(&id).await?, None)),
         Cron::List { limit } => {
             let (jobs, _) = client.list_cron_jobs(limit, "").await?;
@@ -196,21 +213,6 @@ pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, 
             }
             Ok(format!("{} occurrences queued for {id}", occ.len()))
         }
-        Cron::Runs { id, limit } => {
-            let page = client.cron_runs(&id, limit, Vec::new()).await?;
-            if o.json {
-                let runs: Vec<Value> = page
-                    .executions
-                    .iter()
-                    .map(|e| {
-                        let mut v = super::execution_json(e);
-                        v["occurrence"] = Value::String(time(e.cron_occurrence_ms));
-                        v
-                    })
-                    .collect();
-                return Ok(Value::Array(runs).to_string());
-            }
-            Ok(executions_out(o, &page.executions))
-        }
+        Cron::Runs { id, limit } => runs(client, o, &id, limit).await,
     }
 }

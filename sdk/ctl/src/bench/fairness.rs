@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use kairos_proto::v1::submit_request::When;
+use kairos_sdk::Client;
 use tokio::task::JoinSet;
 
+use super::env::{DEFINITION_YAML, Env, describe, node_usage};
 use super::progress::Progress;
 use super::stats::{Report, int, rate, round1, round2};
 use super::submit::{self, Make, OnOk};
 use super::track::{Outcome, Shared};
-use super::workers::Pool;
-use super::{DEFINITION_YAML, Env, node_usage, now_ms};
-use crate::Client;
+use super::workers::{Pool, now_ms};
 
 /// The flooding namespace.
 pub const FLOOD: &str = "bench-a";
@@ -239,7 +239,7 @@ pub async fn run(env: &mut Env) -> Result<Report> {
     if missing > 0 {
         r.failures.push(format!("{missing} acknowledged executions never started"));
         for (client, o) in [(&flood_client[0], &oa), (&b, &ob)] {
-            for d in super::describe(client, &o.missing).await {
+            for d in describe(client, &o.missing).await {
                 r.notes.push(format!("missing: {d}"));
             }
         }

@@ -10,7 +10,7 @@ use anyhow::{Result, anyhow, bail};
 use kairos_proto::v1::{SubmitRequest, SubmitResponse, submit_batch_item, submit_request};
 use tokio::task::JoinSet;
 
-use crate::Client;
+use kairos_sdk::Client;
 
 /// The bench definition's URI.
 pub const URI: &str = "registry://jobs/bench-noop";

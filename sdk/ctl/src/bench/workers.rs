@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::args::WorkerArgs;
 use super::node::{WorkDir, tail};
 use super::track::Shared;
-use crate::{Client, Task, Worker};
+use kairos_sdk::{Client, Task, Worker};
 
 /// The definition the bench registers and its workers handle.
 pub const DEFINITION: &str = "bench-noop";
@@ -33,6 +33,11 @@ pub fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Wall clock, ms since the epoch.
+pub fn now_ms() -> i64 {
+    now_us() / 1_000
 }
 
 enum Out {

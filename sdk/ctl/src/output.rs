@@ -1,0 +1,181 @@
+//! What `kairosctl` prints: results as tables or JSON, errors as text or JSON on stderr, and the
+//! exit code of each outcome. A leaf module: the commands, the console and `main` use it.
+
+use kairos_proto::v1::{Definition, Execution, ExecutionStatus};
+use serde_json::{Value, json};
+
+/// How to print.
+pub(crate) struct Opts {
+    /// JSON output (results on stdout, errors on stderr).
+    pub(crate) json: bool,
+}
+
+/// Why a command failed.
+pub(crate) enum Failure {
+    /// A usage error (exit 2).
+    Usage(String),
+    /// The node or the client refused (the exit code follows its gRPC code).
+    Client(kairos_sdk::Error),
+    /// Anything else (exit 1).
+    Other(String),
+}
+
+impl From<kairos_sdk::Error> for Failure {
+    fn from(e: kairos_sdk::Error) -> Self {
+        Failure::Client(e)
+    }
+}
+
+/// The exit code of a failure (the table under `--help`).
+fn exit_code(f: &Failure) -> i32 {
+    use tonic::Code;
+    match f {
+        Failure::Usage(_) => 2,
+        Failure::Other(_) => 1,
+        Failure::Client(e) => match e.code() {
+            Code::NotFound => 3,
+            Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => 4,
+            Code::InvalidArgument | Code::OutOfRange => 5,
+            Code::Unavailable | Code::DeadlineExceeded => 6,
+            Code::Unauthenticated | Code::PermissionDenied => 7,
+            _ => 1,
+        },
+    }
+}
+
+/// `SUCCEEDED`, not `EXECUTION_STATUS_SUCCEEDED`.
+pub(crate) fn status_name(s: ExecutionStatus) -> String {
+    s.as_str_name().trim_start_matches("EXECUTION_STATUS_").to_string()
+}
+
+/// ms since the epoch as RFC 3339 (UTC, ms); 0 is `-`.
+pub(crate) fn time(ms: i64) -> String {
+    if ms == 0 {
+        return "-".into();
+    }
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
+        .map_or_else(|| ms.to_string(), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
+/// An execution as JSON (the HTTP API's field names).
+pub(crate) fn execution_json(e: &Execution) -> Value {
+    json!({
+        "executionId": e.execution_id,
+        "namespace": e.namespace,
+        "definitionUri": e.definition_uri,
+        "definitionVersion": e.definition_version,
+        "status": status_name(e.status()),
+        "executeAt": time(e.execute_at_ms),
+        "attemptCount": e.attempt_count,
+        "cancelRequested": e.cancel_requested,
+        "inputs": serde_json::from_str::<Value>(&e.inputs_json).unwrap_or(Value::Null),
+        "output": serde_json::from_str::<Value>(&e.output_json).unwrap_or(Value::Null),
+        "outputReference": e.output_reference,
+        "error": e.error.as_ref().map(|x| json!({"message": x.message, "retryable": x.retryable, "code": x.code})),
+    })
+}
+
+/// Columns padded to their widest cell.
+pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect()).trim_end().to_string();
+    for r in rows {
+        out.push('\n');
+        out.push_str(line(r).trim_end());
+    }
+    out
+}
+
+/// Executions as a table, or a JSON array.
+pub(crate) fn executions_out(o: &Opts, es: &[Execution]) -> String {
+    if o.json {
+        return serde_json::to_string_pretty(&es.iter().map(execution_json).collect::<Vec<_>>())
+            .unwrap_or_default();
+    }
+    let rows = es
+        .iter()
+        .map(|e| {
+            vec![
+                e.execution_id.clone(),
+                status_name(e.status()),
+                format!(
+                    "{}@{}",
+                    e.definition_uri.trim_start_matches("registry://jobs/"),
+                    e.definition_version
+                ),
+                time(e.execute_at_ms),
+                e.attempt_count.to_string(),
+            ]
+        })
+        .collect();
+    table(&["EXECUTION", "STATUS", "DEFINITION", "EXECUTE AT", "ATTEMPTS"], rows)
+}
+
+/// A definition (and whether it was just registered), as a line or JSON.
+pub(crate) fn definition_out(o: &Opts, d: &Definition, created: Option<bool>) -> String {
+    if o.json {
+        return json!({"name": d.name, "version": d.version, "queue": d.queue, "created": created,
+            "inputs": d.inputs.iter().map(|i| i.name.clone()).collect::<Vec<_>>()})
+        .to_string();
+    }
+    let what = match created {
+        Some(true) => "registered",
+        Some(false) => "unchanged (already registered)",
+        None => "",
+    };
+    format!("registry://jobs/{} version {} (queue {}) {what}", d.name, d.version, d.queue)
+        .trim_end()
+        .to_string()
+}
+
+/// A gRPC code as the HTTP API names it (`NOT_FOUND`).
+fn code_name(c: tonic::Code) -> String {
+    let mut out = String::new();
+    for (i, ch) in format!("{c:?}").chars().enumerate() {
+        if ch.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    out
+}
+
+/// Prints a result (stdout) or an error (stderr; JSON with `--json`); returns the exit code.
+pub(crate) fn report(o: &Opts, r: Result<String, Failure>) -> i32 {
+    match r {
+        Ok(out) => {
+            println!("{out}");
+            0
+        }
+        Err(f) => {
+            let code = exit_code(&f);
+            let (name, message) = match f {
+                Failure::Usage(m) => ("USAGE".to_string(), m),
+                Failure::Other(m) => ("ERROR".to_string(), m),
+                Failure::Client(e) => (code_name(e.code()), e.to_string()),
+            };
+            if o.json {
+                eprintln!(
+                    "{}",
+                    json!({"error": {"code": name, "message": message.trim_end(), "exitCode": code}})
+                );
+            } else {
+                eprintln!("kairosctl: {}", message.trim_end());
+            }
+            code
+        }
+    }
+}

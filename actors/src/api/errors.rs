@@ -154,3 +154,14 @@ mod tests {
         assert_eq!(retry_after_secs(&kairos_layer::ops::error::invalid("f", "bad")), None);
     }
 }
+
+/// An error as an HTTP answer: its status, the JSON error body and, when waiting helps,
+/// `Retry-After`.
+pub(crate) fn http_response(e: &Error) -> axum::response::Response {
+    let (status, body) = http(e);
+    let mut r = axum::response::IntoResponse::into_response((status, axum::Json(body)));
+    if let Some(secs) = retry_after_secs(e) {
+        r.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+    }
+    r
+}

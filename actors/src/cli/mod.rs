@@ -16,7 +16,9 @@
 
 pub mod check;
 mod serve;
+mod signal;
 
+use self::signal::wait_for_signal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -320,19 +322,4 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
     }
     config.validate()?;
     Ok(config)
-}
-
-/// Ctrl-C or SIGTERM.
-pub(super) async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }

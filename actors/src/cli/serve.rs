@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::{Database, StoreHealth};
 
-use super::wait_for_signal;
+use super::signal::wait_for_signal;
 use crate::api;
 use crate::node::Node;
 use crate::server::auth::AuthMode;

@@ -24,9 +24,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::input::{json_body, query_error};
-use super::{error_response, parse_rfc3339};
 use crate::api::errors;
+use crate::api::errors::http_response as error_response;
 use crate::api::grpc::Api;
+use crate::api::json::parse_rfc3339;
 use crate::api::json::rfc3339;
 use crate::node::Node;
 
@@ -182,7 +183,7 @@ async fn audit(
     // `*` (key changes of all-namespace keys) is not a namespace name: read it as is.
     let namespace = match headers.get("kairos-namespace").map(|v| v.to_str()) {
         Some(Ok("*")) => "*".to_string(),
-        _ => match super::namespace(&headers) {
+        _ => match super::input::namespace(&headers) {
             Ok(ns) => ns,
             Err(e) => return error_response(&e),
         },
@@ -232,7 +233,7 @@ async fn limits(State(node): State<Node>, headers: HeaderMap) -> Response {
     if let Err(s) = api.principal(&request(&headers, ())).await {
         return status_response(&s);
     }
-    let namespace = match super::namespace(&headers) {
+    let namespace = match super::input::namespace(&headers) {
         Ok(ns) => ns,
         Err(e) => return error_response(&e),
     };

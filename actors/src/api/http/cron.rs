@@ -25,7 +25,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::input::authorized;
-use super::{error_response, hex_decode, hex_encode, respond};
+use super::reply::{hex_decode, hex_encode, respond};
+use crate::api::errors::http_response as error_response;
 use crate::api::grpc::cron::{cron_job, inputs_bytes, stored_policies};
 use crate::api::json::{self, parse_rfc3339, rfc3339};
 use crate::node::Node;

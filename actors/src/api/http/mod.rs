@@ -26,7 +26,8 @@ use serde_json::{Value, json};
 
 pub(crate) use self::input::namespace;
 use self::input::{authorized, json_body, query_error};
-use super::errors;
+use self::reply::{hex_decode, hex_encode, respond};
+use super::errors::{self, http_response as error_response};
 use super::json::{self, parse_rfc3339};
 use crate::node::Node;
 use crate::server::auth::Scope;
@@ -35,15 +36,7 @@ use crate::server::tls::{HttpListener, ServerTls};
 mod admin;
 mod cron;
 mod input;
-
-fn error_response(e: &ops::Error) -> Response {
-    let (status, body) = errors::http(e);
-    let mut r = (status, axum::Json(body)).into_response();
-    if let Some(secs) = errors::retry_after_secs(e) {
-        r.headers_mut().insert(header::RETRY_AFTER, secs.into());
-    }
-    r
-}
+mod reply;
 
 /// The body of `POST /executions`.
 #[derive(Debug, Deserialize)]
@@ -122,14 +115,6 @@ async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Re
             (status, [(header::LOCATION, loc)], axum::Json(json::execution(&s.execution, None)))
                 .into_response()
         }
-        Err(e) => error_response(&e),
-    }
-}
-
-/// A JSON response for `r`, or its error mapped in one place.
-fn respond<T: serde::Serialize>(r: Result<T, ops::Error>) -> Response {
-    match r {
-        Ok(v) => axum::Json(v).into_response(),
         Err(e) => error_response(&e),
     }
 }
@@ -237,17 +222,6 @@ async fn list(
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => error_response(&e),
     }
-}
-
-fn hex_encode(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
 async fn register_definition(

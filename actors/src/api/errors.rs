@@ -122,6 +122,17 @@ pub fn body(code: tonic::Code, field: Option<String>, message: String) -> ErrorB
     ErrorBody { error: ErrorDetail { code: name, field, message } }
 }
 
+/// An error as an HTTP answer: its status, the JSON error body and, when waiting helps,
+/// `Retry-After`.
+pub(crate) fn http_response(e: &Error) -> axum::response::Response {
+    let (status, body) = http(e);
+    let mut r = axum::response::IntoResponse::into_response((status, axum::Json(body)));
+    if let Some(secs) = retry_after_secs(e) {
+        r.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,15 +164,4 @@ mod tests {
         assert_eq!(s.metadata().get("retry-after").and_then(|v| v.to_str().ok()), Some("30"));
         assert_eq!(retry_after_secs(&kairos_layer::ops::error::invalid("f", "bad")), None);
     }
-}
-
-/// An error as an HTTP answer: its status, the JSON error body and, when waiting helps,
-/// `Retry-After`.
-pub(crate) fn http_response(e: &Error) -> axum::response::Response {
-    let (status, body) = http(e);
-    let mut r = axum::response::IntoResponse::into_response((status, axum::Json(body)));
-    if let Some(secs) = retry_after_secs(e) {
-        r.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
-    }
-    r
 }

@@ -52,6 +52,18 @@ pub async fn run(config: &NodeConfig) -> anyhow::Result<bool> {
             }
         }
         Backend::Memory => bail!("backend memory keeps nothing between runs: nothing to check"),
+        Backend::Postgres => {
+            let options = config.postgres_options()?.context("backend postgres: no settings")?;
+            let at = options.describe().unwrap_or_default();
+            println!("kairos check: PostgreSQL {at}");
+            println!(
+                "engine: PostgreSQL checks its own storage (pg_amcheck); with nodes running, \
+                 counts may move while they are read"
+            );
+            kairos_layer::kv::postgres::PostgresDatabase::connect_database(options, clock, rng)
+                .await
+                .with_context(|| format!("connecting to PostgreSQL at {at} (postgres_url)"))?
+        }
         #[cfg(feature = "fdb")]
         Backend::Fdb => {
             println!("engine: FoundationDB checks its own storage (fdbcli `consistencycheck`)");

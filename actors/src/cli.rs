@@ -75,13 +75,57 @@ struct StoreArgs {
     cluster: Option<String>,
 }
 
+/// The postgres backend's settings (docs/node.md, "A cluster on PostgreSQL").
+#[derive(Debug, Args)]
+struct PostgresArgs {
+    /// The database of --backend postgres, e.g.
+    /// postgresql://kairos@db1:5432,db2:5432/kairos?target_session_attrs=read-write
+    /// [env: KAIROS_POSTGRES_URL].
+    #[arg(long, value_name = "URL")]
+    postgres_url: Option<String>,
+    /// The schema of Kairos's tables, the same on every node [env: KAIROS_POSTGRES_SCHEMA]
+    /// [default: kairos].
+    #[arg(long, value_name = "NAME")]
+    postgres_schema: Option<String>,
+    /// Pooled connections for reads, 1-1000 (the committer and the watch listener have one
+    /// each on top) [env: KAIROS_POSTGRES_POOL_SIZE] [default: 16].
+    #[arg(long, value_name = "N")]
+    postgres_pool_size: Option<u64>,
+    /// PostgreSQL's statement_timeout for the node's statements
+    /// [env: KAIROS_POSTGRES_STATEMENT_TIMEOUT_MS] [default: 5000].
+    #[arg(long, value_name = "MS")]
+    postgres_statement_timeout_ms: Option<u64>,
+}
+
+impl PostgresArgs {
+    fn apply(&self, config: &mut NodeConfig) -> anyhow::Result<()> {
+        let flags = [
+            ("postgres_url", self.postgres_url.clone()),
+            ("postgres_schema", self.postgres_schema.clone()),
+            ("postgres_pool_size", self.postgres_pool_size.map(|v| v.to_string())),
+            (
+                "postgres_statement_timeout_ms",
+                self.postgres_statement_timeout_ms.map(|v| v.to_string()),
+            ),
+        ];
+        for (setting, value) in flags {
+            if let Some(v) = value {
+                config.set(setting, &v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Args)]
 struct NodeArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The storage backend [env: KAIROS_BACKEND] [default: embedded].
-    #[arg(long, value_parser = ["embedded", "memory", "fdb"])]
+    #[arg(long, value_parser = ["embedded", "memory", "postgres", "fdb"])]
     backend: Option<String>,
+    #[command(flatten)]
+    postgres: PostgresArgs,
     /// HTTP API, /metrics and /healthz [env: KAIROS_LISTEN_HTTP] [default: 127.0.0.1:7070].
     #[arg(long, value_name = "ADDR", value_parser = clap::value_parser!(std::net::SocketAddr))]
     listen_http: Option<std::net::SocketAddr>,
@@ -125,8 +169,10 @@ struct CheckArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The storage backend [env: KAIROS_BACKEND] [default: embedded].
-    #[arg(long, value_parser = ["embedded", "fdb"])]
+    #[arg(long, value_parser = ["embedded", "postgres", "fdb"])]
     backend: Option<String>,
+    #[command(flatten)]
+    postgres: PostgresArgs,
 }
 
 #[derive(Debug, Args)]
@@ -217,6 +263,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             if let Some(b) = &a.backend {
                 config.set("backend", b)?;
             }
+            a.postgres.apply(&mut config)?;
             config.validate()?;
             let damaged = runtime()?.block_on(crate::check::run(&config))?;
             if damaged {
@@ -319,6 +366,7 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
             config.set(setting, &v)?;
         }
     }
+    a.postgres.apply(&mut config)?;
     config.validate()?;
     Ok(config)
 }
@@ -339,7 +387,11 @@ fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
     Ok(id)
 }
 
-fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::Result<Database> {
+async fn open_database(
+    config: &NodeConfig,
+    clock: SharedClock,
+    rng: Rng,
+) -> anyhow::Result<Database> {
     Ok(match config.backend {
         Backend::Embedded => {
             let path = config.data_dir.join("kv.redb");
@@ -361,6 +413,13 @@ fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::R
             rng,
             kairos_layer::kv::memory::FaultConfig::none(),
         ),
+        Backend::Postgres => {
+            let options = config.postgres_options()?.context("backend postgres: no settings")?;
+            let at = options.describe().unwrap_or_default();
+            kairos_layer::kv::postgres::PostgresDatabase::connect_database(options, clock, rng)
+                .await
+                .with_context(|| format!("connecting to PostgreSQL at {at} (postgres_url)"))?
+        }
         #[cfg(feature = "fdb")]
         Backend::Fdb => kairos_layer::kv::fdb::FdbDatabase::open_database(
             config.fdb_cluster_file.as_deref(),
@@ -427,7 +486,8 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);
-    let db = open_database(&config, clock.clone(), rng.fork())?;
+    let db = open_database(&config, clock.clone(), rng.fork()).await?;
+    let store = describe_store(&config);
     let listen = config.listen_http;
     let listen_grpc = config.listen_grpc;
     let data_dir = config.data_dir.clone();
@@ -452,9 +512,8 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {listen_grpc}"))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
-        "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; data in {}",
+        "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; {store}",
         node.node_id(),
-        display_dir(&data_dir)
     );
     announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
     let tls_watch = tls.as_ref().map(|t| {
@@ -513,6 +572,22 @@ async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     drain.await;
     println!("kairos: stopped");
     Ok(())
+}
+
+/// Where the node's data lives, for the start-up line (never a password).
+fn describe_store(config: &NodeConfig) -> String {
+    match config.backend {
+        Backend::Embedded => format!("data in {}", display_dir(&config.data_dir)),
+        Backend::Memory => "data in memory (lost at exit)".into(),
+        Backend::Postgres => {
+            let at = config.postgres_options().ok().flatten().and_then(|o| o.describe());
+            format!("data in PostgreSQL {}", at.unwrap_or_default())
+        }
+        Backend::Fdb => format!(
+            "data in FoundationDB ({})",
+            config.fdb_cluster_file.as_deref().unwrap_or("the default cluster file")
+        ),
+    }
 }
 
 /// The file where a node that requires keys and finds none leaves the first admin key.

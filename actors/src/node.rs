@@ -597,6 +597,10 @@ fn watch_store_health(ctx: &Ctx) -> tokio::sync::watch::Receiver<StoreHealth> {
                     tracing::warn!(%reason, "the store refuses writes; reads go on");
                     0
                 }
+                StoreHealth::Unavailable { reason } => {
+                    tracing::warn!(%reason, "the store cannot be reached; retrying");
+                    -2
+                }
                 StoreHealth::Failed { reason } => {
                     tracing::error!(%reason, "the store failed");
                     -1

@@ -122,6 +122,28 @@ impl PostgresOptions {
         }
     }
 
+    /// Where the data lives, for messages: `host:port,…/database, schema S` (no user, no
+    /// password); `None` when the URL cannot be parsed.
+    pub fn describe(&self) -> Option<String> {
+        let config: tokio_postgres::Config = self.url.parse().ok()?;
+        let ports = config.get_ports();
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let host = match h {
+                    tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                };
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                format!("{host}:{port}")
+            })
+            .collect();
+        let db = config.get_dbname().or(config.get_user()).unwrap_or("postgres");
+        Some(format!("{}/{db}, schema {}", hosts.join(","), self.schema))
+    }
+
     /// Checks the settings without connecting: `Err` names the field and the reason.
     pub fn check(&self) -> std::result::Result<(), InvalidOption> {
         self.config().map(|_| ())

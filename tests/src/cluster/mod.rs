@@ -13,6 +13,7 @@
 
 pub mod load;
 pub mod netns;
+pub mod observe;
 pub mod pg;
 pub mod procs;
 
@@ -92,7 +93,17 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the database, the namespaces, the nodes (one after the other, each healthy
     /// before the next), registers the test definition and starts the workers.
-    pub fn start(bins: &Binaries, o: &Options) -> Result<Cluster> {
+    pub async fn start(bins: &Binaries, o: &Options) -> Result<Cluster> {
+        let mut c = tokio::task::block_in_place(|| Cluster::start_nodes(bins, o))?;
+        c.register_definition().await?;
+        for i in 0..c.nodes.len() {
+            let w = tokio::task::block_in_place(|| c.worker_proc(i))?;
+            c.workers.push(w);
+        }
+        Ok(c)
+    }
+
+    fn start_nodes(bins: &Binaries, o: &Options) -> Result<Cluster> {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         netns::require_root()?;
         let dir = tempfile::Builder::new().prefix("kairos-cluster-").tempdir()?.keep();
@@ -116,11 +127,6 @@ impl Cluster {
             let node = c.node_proc(i);
             c.nodes.push(node);
             c.nodes[i].start(Duration::from_secs(60))?;
-        }
-        c.register_definition()?;
-        for i in 0..c.nodes.len() {
-            let w = c.worker_proc(i)?;
-            c.workers.push(w);
         }
         Ok(c)
     }
@@ -167,15 +173,12 @@ impl Cluster {
         )
     }
 
-    fn register_definition(&self) -> Result<()> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let endpoint = self.nodes[0].endpoint();
-        rt.block_on(async move {
-            let c = Client::connect(&endpoint).await?;
-            c.register_definition(&load::definition_yaml()).await?;
-            anyhow::Ok(())
-        })
-        .context("registering the test definition")
+    async fn register_definition(&self) -> Result<()> {
+        let c = self.client(0).await?;
+        c.register_definition(&load::definition_yaml())
+            .await
+            .context("registering the test definition")?;
+        Ok(())
     }
 
     /// A client of node `i` (0-based), with a 5 s call timeout.

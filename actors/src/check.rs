@@ -11,7 +11,9 @@ use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::keys::Keyspace;
 use kairos_layer::kv::Database;
-use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions, EngineCheck, check_file};
+use kairos_layer::kv::embedded::{
+    EmbeddedDatabase, EmbeddedOptions, EngineCheck, VerifyAtOpen, check_file,
+};
 use kairos_layer::ops::check::{CheckReport, check_records};
 
 use crate::config::{Backend, NodeConfig};
@@ -42,7 +44,12 @@ pub async fn run(config: &NodeConfig) -> anyhow::Result<bool> {
                     println!("engine: DAMAGED — {why}");
                 }
             }
-            let options = EmbeddedOptions { cache_bytes: 16 << 20, ..Default::default() };
+            // The engine's check ran above: the record pass reads whatever the engine still can.
+            let options = EmbeddedOptions {
+                cache_bytes: 16 << 20,
+                verify_at_open: VerifyAtOpen::Never,
+                ..Default::default()
+            };
             match EmbeddedDatabase::open_database_with(&path, clock, rng, options) {
                 Ok(db) => db,
                 Err(e) => {

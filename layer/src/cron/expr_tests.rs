@@ -429,7 +429,7 @@ fn model_of(f: &[&str]) -> Model {
 fn random_expressions_agree_with_the_independent_calendar_around_leap_days() {
     // Random plain expressions from random instants clustered at the edges of February and of
     // the year, 2024–2104, against the chrono-free calendar.
-    let rng = Rng::seeded(2028_02_29);
+    let rng = Rng::seeded(20_280_229);
     const MONTHS: [&str; 12] =
         ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
     const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];

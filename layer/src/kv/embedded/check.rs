@@ -3,6 +3,9 @@
 
 use std::path::Path;
 
+use super::contain::contain;
+use super::integrity;
+
 /// What the engine's check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineCheck {
@@ -17,14 +20,17 @@ pub enum EngineCheck {
 
 /// Opens the store at `path` on its own (it must not be open elsewhere: a running node holds
 /// its lock) and runs the engine's integrity check. `Err` when it cannot be opened for a
-/// reason other than damage (missing, in use, unreadable).
+/// reason other than damage (missing, in use, unreadable). A panic of the engine on a damaged
+/// file is reported as damage, without a backtrace. A store found clean is recorded as closed
+/// cleanly, so the next open trusts it without verifying it again.
 pub fn check_file(path: &Path) -> Result<EngineCheck, String> {
     if !path.exists() {
         return Err(format!("{} does not exist", path.display()));
     }
-    let path = path.to_path_buf();
-    let checked = std::panic::catch_unwind(move || {
-        let mut db = match redb::Builder::new().open(&path) {
+    // This open writes (the check commits): the store's clean-shutdown record no longer holds.
+    integrity::take_marker(path).map_err(|e| e.to_string())?;
+    let checked = contain(|| {
+        let mut db = match redb::Builder::new().open(path) {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(format!(
@@ -33,28 +39,31 @@ pub fn check_file(path: &Path) -> Result<EngineCheck, String> {
                 ));
             }
             Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(why))) => {
-                return Ok(EngineCheck::Damaged(format!("opening: {why}")));
+                return Ok((EngineCheck::Damaged(format!("opening: {why}")), false));
             }
             Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))) => {
                 return Err(format!("cannot read {}: {e}", path.display()));
             }
-            Err(e) => return Ok(EngineCheck::Damaged(format!("opening: {e}"))),
+            Err(e) => return Ok((EngineCheck::Damaged(format!("opening: {e}")), false)),
         };
-        Ok(match db.check_integrity() {
+        let found = match db.check_integrity() {
             Ok(true) => EngineCheck::Clean,
             Ok(false) => EngineCheck::Repaired,
             Err(e) => EngineCheck::Damaged(e.to_string()),
-        })
+        };
+        let closed = db.close().is_ok();
+        Ok((found, closed))
     });
     match checked {
-        Ok(r) => r,
+        Ok(Ok((found, closed))) => {
+            if closed && matches!(found, EngineCheck::Clean | EngineCheck::Repaired) {
+                integrity::write_marker(path).map_err(|e| e.to_string())?;
+            }
+            Ok(found)
+        }
+        Ok(Err(e)) => Err(e),
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            Ok(EngineCheck::Damaged(format!("the engine failed reading the file: {what}")))
+            Ok(EngineCheck::Damaged(format!("the engine failed reading the file: {panic}")))
         }
     }
 }

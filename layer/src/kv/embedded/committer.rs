@@ -9,6 +9,7 @@ use bytes::Bytes;
 use redb::{ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
+use super::contain::contain;
 use super::engine::{Engine, classify, needs_reopen};
 use super::{DATA, EmbeddedStats, GROUP_COMMIT_TRANSACTIONS_MAX, META, META_VERSION};
 use crate::env::SharedClock;
@@ -116,12 +117,11 @@ impl Committer {
                 }
                 continue;
             }
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.commit_batch(batch)));
+            let outcome = contain(|| self.commit_batch(batch));
             if let Err(panic) = outcome {
                 // The batch's replies were dropped with the unwinding: their callers see an
                 // unknown result and retry, and get the reason below.
-                let what = panic_message(&panic);
+                let what = panic;
                 self.engine.set_health(StoreHealth::Failed {
                     reason: format!(
                         "the storage engine failed ({what}): the store may be damaged; stop the \
@@ -154,7 +154,9 @@ impl Committer {
             let db = self.engine.current()?;
             let mut w = db.begin_write().map_err(storage)?;
             // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
-            // over the whole file (redb then writes its allocator state with each commit).
+            // over the whole file (redb then writes its allocator state with each commit, and
+            // commits in two phases, so a damaged primary is reported, never rolled back to the
+            // previous commit). ADR 0009 measured the alternatives.
             w.set_quick_repair(true);
             {
                 let mut table = w.open_table(DATA).map_err(storage)?;
@@ -248,11 +250,4 @@ impl Committer {
         };
         self.engine.set_health(StoreHealth::WritesRefused { reason });
     }
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic".into())
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 use redb::StorageBackend;
 
 use super::EmbeddedOptions;
+use super::contain::contain;
 use crate::kv::StoreHealth;
 use crate::kv::error::{Error, Result};
 
@@ -41,7 +42,20 @@ pub(crate) struct Engine {
     path: PathBuf,
     options: EmbeddedOptions,
     health: Mutex<StoreHealth>,
+    /// What the open found damaged, if it did.
+    damaged: Mutex<Option<String>>,
 }
+
+/// Why an open did not give an engine.
+enum Opened {
+    /// The engine found the file damaged (what it found).
+    Damaged(String),
+    /// Any other reason (missing directory, disk full, file in use).
+    Failed(Error),
+}
+
+/// How the reason of a damaged store starts.
+pub(crate) const DAMAGED: &str = "the store is damaged:";
 
 /// How long a reader waits for a re-open in progress before failing.
 const REOPEN_WAIT: Duration = Duration::from_secs(2);
@@ -83,8 +97,14 @@ pub(crate) fn needs_reopen(e: &Error) -> bool {
 }
 
 impl Engine {
-    /// Opens the engine at `path`.
-    pub(crate) fn open(path: PathBuf, options: EmbeddedOptions) -> Result<Engine> {
+    /// Opens the engine at `path`; with `verify`, redb checks every page's checksum first (the
+    /// reason is logged). A store the engine finds damaged is not an error here: the engine is
+    /// left closed and the store `Failed`, with what was found ([`Engine::damaged`]).
+    pub(crate) fn open(
+        path: PathBuf,
+        options: EmbeddedOptions,
+        verify: Option<&str>,
+    ) -> Result<Engine> {
         let engine = Engine {
             db: RwLock::new(None),
             shut: std::sync::atomic::AtomicBool::new(false),
@@ -93,17 +113,52 @@ impl Engine {
             path,
             options,
             health: Mutex::new(StoreHealth::Healthy),
+            damaged: Mutex::new(None),
         };
-        let db = engine.open_db()?;
-        *engine.db.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Redb(Some(db))));
+        match engine.open_db(verify) {
+            Ok(db) => {
+                *engine.db.write().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Arc::new(Redb(Some(db))));
+            }
+            Err(Opened::Damaged(what)) => {
+                let reason = format!(
+                    "{DAMAGED} {}: {what}; stop the node and run `kairos check` (restore from a \
+                     backup if it confirms the damage)",
+                    engine.path.display()
+                );
+                *engine.damaged.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+                engine.set_health(StoreHealth::Failed { reason });
+            }
+            Err(Opened::Failed(e)) => return Err(e),
+        }
         Ok(engine)
     }
 
-    fn open_db(&self) -> Result<redb::Database> {
+    /// What the open found damaged, if it did.
+    pub(crate) fn damaged(&self) -> Option<String> {
+        self.damaged.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn open_db(&self, verify: Option<&str>) -> std::result::Result<redb::Database, Opened> {
         let mut builder = redb::Builder::new();
         builder.set_cache_size(self.options.cache_bytes);
+        if let Some(why) = verify {
+            tracing::info!(store = %self.path.display(), why, "verifying every page of the store");
+            builder.set_check_integrity_on_open(true);
+        }
+        // A full repair (after a crash without quick repair) verifies every page too: its
+        // progress is logged, a tenth at a time.
+        let shown = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let store = self.path.display().to_string();
+        builder.set_repair_callback(move |s: &mut redb::RepairSession| {
+            let tenth = (s.progress() * 10.0) as u32;
+            if shown.fetch_max(tenth + 1, Ordering::Relaxed) <= tenth {
+                tracing::info!(store, percent = tenth * 10, "repairing and verifying the store");
+            }
+        });
+        let started = std::time::Instant::now();
         let injected = (&self.options.disk_writes_fail, &self.options.engine_panics);
-        let opened = match injected {
+        let opened = contain(|| match injected {
             (None, None) => builder.create(&self.path),
             (full, panics) => {
                 let file = std::fs::OpenOptions::new()
@@ -112,12 +167,8 @@ impl Engine {
                     .create(true)
                     .truncate(false)
                     .open(&self.path)
-                    .map_err(|e| {
-                        Error::Storage(format!("cannot open {}: {e}", self.path.display()))
-                    })?;
-                let inner = redb::backends::FileBackend::new(file).map_err(|e| {
-                    Error::Storage(format!("cannot open {}: {e}", self.path.display()))
-                })?;
+                    .map_err(redb::StorageError::from)?;
+                let inner = redb::backends::FileBackend::new(file)?;
                 let off = || Arc::new(AtomicBool::new(false));
                 builder.create_with_backend(FaultyDisk {
                     inner,
@@ -125,16 +176,35 @@ impl Engine {
                     panics: panics.clone().unwrap_or_else(off),
                 })
             }
+        });
+        let opened = match opened {
+            Ok(r) => r,
+            Err(panic) => {
+                return Err(Opened::Damaged(format!("the engine failed reading it ({panic})")));
+            }
         };
-        opened.map_err(|e| match &e {
+        let db = opened.map_err(|e| match &e {
             redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(io) => {
-                Error::StorageFull(format!(
+                Opened::Failed(Error::StorageFull(format!(
                     "cannot open {}: the disk is full ({io})",
                     self.path.display()
-                ))
+                )))
             }
-            _ => Error::Storage(format!("cannot open {}: {e}", self.path.display())),
-        })
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
+                Opened::Damaged(why.clone())
+            }
+            _ => {
+                Opened::Failed(Error::Storage(format!("cannot open {}: {e}", self.path.display())))
+            }
+        })?;
+        if verify.is_some() {
+            tracing::info!(
+                store = %self.path.display(),
+                seconds = started.elapsed().as_secs_f64(),
+                "every page of the store verified"
+            );
+        }
+        Ok(db)
     }
 
     /// The engine, or why it is not available now. While a re-open is under way (milliseconds,
@@ -156,14 +226,15 @@ impl Engine {
             if let Ok(_only_one) = self.reopening.try_lock()
                 && self.db.read().unwrap_or_else(|e| e.into_inner()).is_none()
             {
-                match self.open_db() {
+                match self.open_db(None) {
                     Ok(db) => {
                         *self.db.write().unwrap_or_else(|e| e.into_inner()) =
                             Some(Arc::new(Redb(Some(db))));
                         continue;
                     }
                     // Still no room to open: say so now rather than wait.
-                    Err(e @ Error::StorageFull(_)) => return Err(e),
+                    Err(Opened::Failed(e @ Error::StorageFull(_))) => return Err(e),
+                    Err(Opened::Damaged(what)) => return Err(self.fail_damaged(&what)),
                     Err(_) => {}
                 }
             }
@@ -199,12 +270,35 @@ impl Engine {
         }
     }
 
-    /// Lets go of the engine for good (the store is closing): the file is released once the
-    /// last reader lets go of it.
-    pub(crate) fn shut(&self) {
+    /// Marks the store failed because the engine found it damaged; the error to answer with.
+    pub(crate) fn fail_damaged(&self, what: &str) -> Error {
+        let reason = format!(
+            "{DAMAGED} {}: {what}; stop the node and run `kairos check`",
+            self.path.display()
+        );
+        self.set_health(StoreHealth::Failed { reason: reason.clone() });
+        Error::Storage(reason)
+    }
+
+    /// Lets go of the engine for good (the store is closing). Returns whether the engine is
+    /// closed (its last user let go within a second) and healthy, so that a clean shutdown can
+    /// be recorded; if readers still hold it, redb closes the file when the last one lets go.
+    pub(crate) fn shut(&self) -> bool {
         self.shut.store(true, Ordering::Release);
-        let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
-        drop(db);
+        let mut db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        let closed = loop {
+            match db.map(Arc::try_unwrap) {
+                None => break false,
+                Some(Ok(redb)) => break redb.close(),
+                Some(Err(shared)) if std::time::Instant::now() < deadline => {
+                    db = Some(shared);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Some(Err(_)) => break false,
+            }
+        };
+        closed && matches!(self.health(), StoreHealth::Healthy)
     }
 
     /// Whether the engine is open (not waiting for a re-open).
@@ -236,7 +330,7 @@ impl Engine {
         let mut pause = Duration::from_millis(5);
         let mut last = None;
         for _ in 0..12 {
-            match self.open_db() {
+            match self.open_db(None) {
                 Ok(db) => {
                     *self.db.write().unwrap_or_else(|e| e.into_inner()) =
                         Some(Arc::new(Redb(Some(db))));
@@ -245,9 +339,10 @@ impl Engine {
                     return Ok(());
                 }
                 // Opening needs space too: no use waiting here, the next batch tries again.
-                Err(e @ Error::StorageFull(_)) => return Err(e),
+                Err(Opened::Failed(e @ Error::StorageFull(_))) => return Err(e),
+                Err(Opened::Damaged(what)) => return Err(self.fail_damaged(&what)),
                 // Most likely the last readers of the old handle still hold the file.
-                Err(e) => last = Some(e),
+                Err(Opened::Failed(e)) => last = Some(e),
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(200));
@@ -280,10 +375,19 @@ impl std::ops::Deref for Redb {
     }
 }
 
+impl Redb {
+    /// Closes the database now; whether it closed cleanly (no panic, no error, nothing left for
+    /// the next open to repair).
+    fn close(mut self) -> bool {
+        let Some(db) = self.0.take() else { return false };
+        matches!(contain(move || db.close()), Ok(Ok(())))
+    }
+}
+
 impl Drop for Redb {
     fn drop(&mut self) {
         if let Some(db) = self.0.take() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+            let _ = contain(move || drop(db));
         }
     }
 }

@@ -6,15 +6,25 @@
 //! write transaction and makes it durable with **one** fsync (redb `Durability::Immediate`);
 //! only then is each commit acknowledged. Readers use redb read transactions (MVCC snapshots),
 //! whose version is stored in the same file, so a snapshot and its version always agree.
-//! A crash loses nothing acknowledged: redb's commit is atomic and durable, and reopening
-//! recovers the last durable commit — quickly, whatever the file's size, as every commit is
-//! written with redb's *quick repair* (ADR 0001). No write-ahead log of our own.
+//! A crash loses nothing acknowledged: redb's commit is atomic and durable (two-phase), and
+//! reopening recovers the last durable commit. No write-ahead log of our own.
+//!
+//! **A damaged store is not served** (ADR 0009): when the file changed since it was closed
+//! cleanly, or after a run that did not close it cleanly (up to a size bound), the open runs
+//! redb's integrity check — every page's checksum — before anything is served
+//! ([`integrity`]). A store found damaged opens `Failed`
+//! ([`Integrity::Damaged`]): every operation fails with what was found. A panic of the engine
+//! (what redb does on some damaged pages it was not asked to verify) is contained in every
+//! path, and a range read that meets keys out of order fails instead of returning rows short.
 
 mod check;
 mod committer;
+mod contain;
 mod engine;
+mod integrity;
 
 pub use self::check::{EngineCheck, check_file};
+pub use self::integrity::Integrity;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +66,31 @@ pub struct EmbeddedOptions {
     /// Fault injection for tests: while set, the engine panics when it writes (as redb did on
     /// a damaged file). `None` in production.
     pub engine_panics: Option<Arc<AtomicBool>>,
+    /// When the open verifies every page of the store.
+    pub verify_at_open: VerifyAtOpen,
+    /// The largest store verified at the open after a run that did not close it cleanly: the
+    /// check reads every page (seconds per GiB, ADR 0009), and a crash alone does not damage
+    /// the file, so a larger store opens at once, [`Integrity::Unverified`]. A file that
+    /// changed since its clean close is verified whatever its size.
+    pub verify_after_crash_bytes_max: u64,
+}
+
+/// [`EmbeddedOptions::verify_after_crash_bytes_max`] by default.
+pub const VERIFY_AFTER_CRASH_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
+/// When [`EmbeddedDatabase::open`] verifies the whole store before serving it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyAtOpen {
+    /// When the file changed since it was closed cleanly, and after a run that did not close
+    /// it cleanly if it is no larger than [`EmbeddedOptions::verify_after_crash_bytes_max`]
+    /// (the default).
+    #[default]
+    WhenInDoubt,
+    /// Every time.
+    Always,
+    /// Never (`kairos check`, which verifies with the engine's own check first, then reads
+    /// every record of whatever the engine can still read).
+    Never,
 }
 
 impl Default for EmbeddedOptions {
@@ -65,6 +100,8 @@ impl Default for EmbeddedOptions {
             disk_full: None,
             disk_writes_fail: None,
             engine_panics: None,
+            verify_at_open: VerifyAtOpen::WhenInDoubt,
+            verify_after_crash_bytes_max: VERIFY_AFTER_CRASH_BYTES_MAX,
         }
     }
 }
@@ -103,6 +140,7 @@ struct Shared {
     active: Arc<ActiveReads>,
     published: Arc<AtomicU64>,
     path: PathBuf,
+    integrity: Integrity,
 }
 
 /// The embedded backend. Clone it to share one open file.
@@ -140,8 +178,20 @@ impl EmbeddedDatabase {
                 Error::Storage(format!("cannot create directory {}: {e}", dir.display()))
             })?;
         }
-        let engine = Arc::new(Engine::open(path.clone(), options)?);
-        let version = {
+        let (why, unverified) = integrity::decide(&path, &options)?;
+        let engine = Arc::new(Engine::open(path.clone(), options, why.as_deref())?);
+        let integrity = match (engine.damaged(), why, unverified) {
+            (Some(reason), _, _) => Integrity::Damaged { reason },
+            (None, Some(why), _) => Integrity::Verified { why },
+            (None, None, Some(integrity)) => integrity,
+            (None, None, None) => Integrity::Trusted,
+        };
+        if let Integrity::Unverified { why } = &integrity {
+            tracing::warn!(store = %path.display(), why, "the store opens without being verified");
+        }
+        let version = if engine.damaged().is_some() {
+            0
+        } else {
             let db = engine.current()?;
             let w = db.begin_write().map_err(storage("begin write"))?;
             let version = {
@@ -180,6 +230,7 @@ impl EmbeddedDatabase {
             active,
             published,
             path,
+            integrity,
         });
         Ok(EmbeddedDatabase { store: Arc::new(Store(shared.clone())), shared })
     }
@@ -209,6 +260,12 @@ impl EmbeddedDatabase {
     pub fn path(&self) -> &Path {
         &self.shared.path
     }
+
+    /// What the open knew or found of the store's bytes (whether it verified them, and what
+    /// it found damaged).
+    pub fn integrity(&self) -> &Integrity {
+        &self.shared.integrity
+    }
 }
 
 struct Store(Arc<Shared>);
@@ -223,15 +280,10 @@ impl RedbSnapshot {
     /// Runs a read of the engine, containing a panic (a damaged file): the store is marked
     /// failed and the read fails with the reason, instead of the panic killing the caller.
     fn guarded<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        match contain::contain(f) {
             Ok(r) => r,
-            Err(_) => {
-                let reason = format!(
-                    "the storage engine failed in a {what}: the store may be damaged; stop the \
-                     node and run `kairos check`"
-                );
-                self.engine.set_health(crate::kv::StoreHealth::Failed { reason: reason.clone() });
-                Err(Error::Storage(reason))
+            Err(panic) => {
+                Err(self.engine.fail_damaged(&format!("the engine failed in a {what} ({panic})")))
             }
         }
     }
@@ -269,10 +321,27 @@ impl RedbSnapshot {
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
         let range = self.table.range::<&[u8]>(begin..end).map_err(storage("range read"))?;
+        // redb does not verify checksums on reads: a damaged page can lead a scan astray. Keys
+        // that leave the range or its order are damage, never a short answer.
+        // The previous key (one buffer for the whole scan), `None` before the first.
+        let mut last: Option<Vec<u8>> = None;
         let mut each = |item: std::result::Result<_, redb::StorageError>| -> Result<bool> {
             let (k, v): (redb::AccessGuard<&[u8]>, redb::AccessGuard<&[u8]>) =
                 item.map_err(storage("range read"))?;
-            Ok(visit(k.value(), v.value()))
+            let key = k.value();
+            let ordered = last.as_deref().is_none_or(|l| if reverse { key < l } else { key > l });
+            if !ordered || key < begin || key >= end {
+                let last = last.as_deref().map(|l| l.escape_ascii().to_string());
+                return Err(self.engine.fail_damaged(&format!(
+                    "a range read met key \"{}\" out of order (after {last:?}) or outside its \
+                     range",
+                    key.escape_ascii()
+                )));
+            }
+            let buf = last.get_or_insert_with(Vec::new);
+            buf.clear();
+            buf.extend_from_slice(key);
+            Ok(visit(key, v.value()))
         };
         if reverse {
             for item in range.rev() {
@@ -362,8 +431,16 @@ impl KvDatabase for EmbeddedDatabase {
             if let Some(h) = handle {
                 let _ = tokio::task::spawn_blocking(move || h.join()).await;
             }
-            self.shared.engine.shut();
+            let closed = self.shared.engine.shut();
             self.shared.watches.close();
+            // A clean close is recorded, so the next open can trust the file as it is now.
+            // An unverified store stays in doubt until it is verified.
+            if closed
+                && integrity::may_record_clean_close(&self.shared.integrity)
+                && let Err(e) = integrity::write_marker(&self.shared.path)
+            {
+                tracing::warn!(error = %e, "the clean shutdown of the store was not recorded");
+            }
         })
     }
 }

@@ -146,6 +146,9 @@ struct NodeArgs {
     /// This node's id [env: KAIROS_NODE_ID] [default: kept in DIR/node-id].
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
+    /// This node's region label [env: KAIROS_REGION] [default: local].
+    #[arg(long, value_name = "NAME")]
+    region: Option<String>,
     /// Logical shards, fixed when the cluster is created [default: 64].
     #[arg(long, value_name = "N")]
     shard_count: Option<u32>,
@@ -355,6 +358,7 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
         ("tls_key_file", a.tls_key_file.clone()),
         ("tls_client_ca_file", a.tls_client_ca_file.clone()),
         ("node_id", a.node_id.clone()),
+        ("region", a.region.clone()),
         ("shard_count", a.shard_count.map(|v| v.to_string())),
         ("log", a.log.clone()),
         ("store_cache_mib", a.store_cache_mib.map(|v| v.to_string())),

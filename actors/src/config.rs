@@ -127,7 +127,9 @@ pub struct NodeConfig {
     /// heartbeat appears further ahead is reported. At most 250 ms (a quarter of the shortest
     /// attempt lease) and a quarter of `shard_lease_ms`.
     pub max_clock_skew_ms: u64,
-    /// A node is alive if it heartbeated within this.
+    /// A node is alive if it heartbeated within this (at least `shard_lease_ms`). The shards
+    /// of a node that died move once its leases expired and it stopped counting as alive:
+    /// after `max(shard_lease_ms, node_ttl_ms)` plus the clock-skew bound.
     pub node_ttl_ms: u64,
     /// How far ahead a shard owner loads timers into memory.
     pub window_ms: u64,
@@ -207,7 +209,7 @@ impl Default for NodeConfig {
             ready_partitions: 0,
             shard_lease_ms: 10_000,
             max_clock_skew_ms: 250,
-            node_ttl_ms: 30_000,
+            node_ttl_ms: 10_000,
             window_ms: 30_000,
             window_timers_max: 100_000,
             poll_interval_ms: 1_000,

@@ -130,7 +130,8 @@ pub struct RoundOutcome {
 /// Messages of the lease manager.
 #[derive(Debug)]
 pub enum LeaseMsg {
-    /// Run a round.
+    /// Stop the workers of lapsed leases; run a round unless one is running. Sent every
+    /// `shard_lease_ms / 3`.
     Tick,
     /// A round finished.
     Round(Result<RoundOutcome, Error>),
@@ -213,6 +214,9 @@ fn node_record(ctx: &Ctx, started_at_ms: i64) -> Node {
     }
 }
 
+/// One round: renew every held lease (in the same commit batch as the heartbeat, so a busy
+/// store delays renewals by one commit, not two), then read the nodes and leases, plan, acquire
+/// and release.
 async fn run_round(
     ctx: &Ctx,
     spaces: &[Space],
@@ -221,7 +225,12 @@ async fn run_round(
 ) -> Result<RoundOutcome, Error> {
     let c = &ctx.config;
     let sched = &ctx.sched;
-    sched.heartbeat_node(node_record(ctx, started_at_ms)).await?;
+    let mut out = RoundOutcome::default();
+    let (heartbeat, renewed) =
+        tokio::join!(sched.heartbeat_node(node_record(ctx, started_at_ms)), renew(ctx, held));
+    heartbeat?;
+    // A failed renewal round keeps nothing; the owners stop if their leases run out.
+    (out.renewed, out.lost) = renewed?;
     let nodes = sched.nodes().await?;
     let mut leases = Vec::new();
     for space in spaces {
@@ -229,20 +238,7 @@ async fn run_round(
     }
     let now = ctx.now_ms();
     let skew = c.max_clock_skew_ms as i64;
-    for n in nodes.iter().filter(|n| n.node_id != ctx.node_id) {
-        // A heartbeat cannot come from the future: one further ahead than the bound means the
-        // clocks differ by more than the design assumes.
-        if n.heartbeat_at_ms > now + skew {
-            ctx.metrics.clock_skew_suspected.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(
-                node = %n.node_id,
-                ahead_ms = n.heartbeat_at_ms - now,
-                max_clock_skew_ms = skew,
-                "another node's clock runs ahead of this one by more than max_clock_skew_ms: \
-                 leases may be taken over early; fix the clocks (NTP)"
-            );
-        }
-    }
+    check_skew(ctx, &nodes, now, skew);
     let view = View {
         node_id: &ctx.node_id,
         region: &c.region,
@@ -255,30 +251,64 @@ async fn run_round(
     };
     let counts: Vec<(Space, u32)> =
         spaces.iter().map(|s| (*s, sched.partition_count(*s))).collect();
-    let held_set: BTreeSet<PartitionId> = held.keys().copied().collect();
-    let plan = plan_leases(&view, &held_set, &counts);
-    let duration = c.shard_lease_ms as i64;
-    let mut out = RoundOutcome::default();
-    let renew: Vec<(Space, u32, u64)> = plan.renew.iter().map(|p| (p.0, p.1, held[p])).collect();
-    if !renew.is_empty() {
-        // A failed renewal round keeps nothing; the owners stop if their leases run out.
-        for (r, p) in sched
-            .renew_partitions(&renew, &ctx.node_id, duration)
-            .await?
-            .into_iter()
-            .zip(&plan.renew)
-        {
-            match r {
-                Ok(l) => out.renewed.push((*p, l.expires_at_ms)),
-                Err(e) => {
-                    tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "lease lost");
-                    out.lost.push(*p);
-                }
+    let still: BTreeMap<PartitionId, u64> =
+        held.iter().filter(|(p, _)| !out.lost.contains(p)).map(|(p, e)| (*p, *e)).collect();
+    let plan = plan_leases(&view, &still.keys().copied().collect(), &counts);
+    acquire_and_release(ctx, &plan, &still, &mut out).await;
+    Ok(out)
+}
+
+/// Renews every held lease: (renewed with their expiry, lost).
+async fn renew(
+    ctx: &Ctx,
+    held: &BTreeMap<PartitionId, u64>,
+) -> Result<(Vec<(PartitionId, i64)>, Vec<PartitionId>), Error> {
+    let (mut renewed, mut lost) = (Vec::new(), Vec::new());
+    if held.is_empty() {
+        return Ok((renewed, lost));
+    }
+    let list: Vec<(Space, u32, u64)> = held.iter().map(|(p, e)| (p.0, p.1, *e)).collect();
+    let duration = ctx.config.shard_lease_ms as i64;
+    let results = ctx.sched.renew_partitions(&list, &ctx.node_id, duration).await?;
+    for (r, p) in results.into_iter().zip(held.keys()) {
+        match r {
+            Ok(l) => renewed.push((*p, l.expires_at_ms)),
+            Err(e) => {
+                tracing::warn!(space = p.0.name(), partition = p.1, error = %e, "lease lost");
+                lost.push(*p);
             }
         }
     }
+    Ok((renewed, lost))
+}
+
+/// A heartbeat cannot come from the future: one further ahead than the bound means the clocks
+/// differ by more than the design assumes.
+fn check_skew(ctx: &Ctx, nodes: &[Node], now: i64, skew: i64) {
+    for n in nodes.iter().filter(|n| n.node_id != ctx.node_id) {
+        if n.heartbeat_at_ms > now + skew {
+            ctx.metrics.clock_skew_suspected.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                node = %n.node_id,
+                ahead_ms = n.heartbeat_at_ms - now,
+                max_clock_skew_ms = skew,
+                "another node's clock runs ahead of this one by more than max_clock_skew_ms: \
+                 leases may be taken over early; fix the clocks (NTP)"
+            );
+        }
+    }
+}
+
+/// Acquires what the plan wants and releases the excess; what fails is tried next round.
+async fn acquire_and_release(
+    ctx: &Ctx,
+    plan: &LeasePlan,
+    held: &BTreeMap<PartitionId, u64>,
+    out: &mut RoundOutcome,
+) {
+    let (duration, skew) = (ctx.config.shard_lease_ms as i64, ctx.config.max_clock_skew_ms as i64);
     if !plan.acquire.is_empty() {
-        match sched.acquire_partitions(&plan.acquire, &ctx.node_id, duration, skew).await {
+        match ctx.sched.acquire_partitions(&plan.acquire, &ctx.node_id, duration, skew).await {
             Ok(results) => {
                 for (r, p) in results.into_iter().zip(&plan.acquire) {
                     if let Ok(l) = r {
@@ -286,19 +316,17 @@ async fn run_round(
                     }
                 }
             }
-            // What was renewed stays renewed; acquiring is tried again next round.
             Err(e) => tracing::warn!(error = %e, "acquiring leases failed; retrying next round"),
         }
     }
     if !plan.release.is_empty() {
         let release: Vec<(Space, u32, u64)> =
             plan.release.iter().map(|p| (p.0, p.1, held[p])).collect();
-        match sched.release_partitions(&release, &ctx.node_id).await {
-            Ok(()) => out.released = plan.release,
+        match ctx.sched.release_partitions(&release, &ctx.node_id).await {
+            Ok(()) => out.released = plan.release.clone(),
             Err(e) => tracing::warn!(error = %e, "releasing leases failed; retrying next round"),
         }
     }
-    Ok(out)
 }
 
 impl Actor for LeaseManager {
@@ -322,6 +350,9 @@ impl Actor for LeaseManager {
             started_at_ms,
         };
         s.round(&myself);
+        // Ticks come every period whether or not a round finished: a round stuck on an
+        // unreachable store must not keep a lapsed lease's worker running.
+        send_after(&s.ctx.clock, s.period(), myself.clone(), LeaseMsg::Tick);
         Ok(s)
     }
 
@@ -353,7 +384,10 @@ impl Actor for LeaseManager {
                         worker.stop(Some("lease expired".into()));
                     }
                 }
-                s.round(&myself)
+                s.round(&myself);
+                if !s.draining {
+                    send_after(&s.ctx.clock, s.period(), myself.clone(), LeaseMsg::Tick);
+                }
             }
             LeaseMsg::Round(r) => {
                 s.busy = false;
@@ -392,9 +426,6 @@ impl Actor for LeaseManager {
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "lease round failed; retrying"),
-                }
-                if !s.draining {
-                    send_after(&s.ctx.clock, s.period(), myself.clone(), LeaseMsg::Tick);
                 }
             }
             LeaseMsg::Drain(reply) => {

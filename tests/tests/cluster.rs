@@ -41,10 +41,20 @@ async fn settle(c: &Cluster, name: &str, acked: &[Acked], within: Duration) -> R
         v.early.len(),
         v.duplicates.len()
     );
-    ensure!(all && v.lost.is_empty(), "{name}: {} lost, e.g. {:?}\n{}", v.lost.len(), v.lost.first(), c.logs());
+    ensure!(
+        all && v.lost.is_empty(),
+        "{name}: {} lost, e.g. {:?}\n{}",
+        v.lost.len(),
+        v.lost.first(),
+        c.logs()
+    );
     ensure!(v.early.is_empty(), "{name}: started early: {:?}", &v.early[..v.early.len().min(5)]);
     let bad = observe::early_duplicates(&v);
-    ensure!(bad.is_empty(), "{name}: started again before a lease ran out: {:?}", &bad[..bad.len().min(5)]);
+    ensure!(
+        bad.is_empty(),
+        "{name}: started again before a lease ran out: {:?}",
+        &bad[..bad.len().min(5)]
+    );
     Ok(())
 }
 
@@ -61,10 +71,12 @@ async fn a_node_killed_mid_burst_loses_nothing_and_its_shards_move() -> Result<(
     ensure!(!shards.is_empty(), "n2 held no shard");
     let kill_ms = now_ms();
     tokio::task::block_in_place(|| c.nodes[1].kill());
-    let moved = observe::wait_moved(&clients[0], "n2", &shards, kill_ms, Duration::from_secs(30)).await?;
+    let moved =
+        observe::wait_moved(&clients[0], "n2", &shards, kill_ms, Duration::from_secs(30)).await?;
     settle(&c, "sigkill", &acked, Duration::from_secs(120)).await?;
     let starts = load::starts_now(&c.starts);
-    let fire = observe::first_fire_after(&clients[0], &starts, &shards, count, kill_ms, &[1, 3]).await?;
+    let fire =
+        observe::first_fire_after(&clients[0], &starts, &shards, count, kill_ms, &[1, 3]).await?;
     let (fired, started) = fire.ok_or_else(|| anyhow::anyhow!("no shard of n2 fired again"))?;
     println!(
         "sigkill: {} shards of n2 moved {moved:?} after the kill; first fire of one on another \

@@ -48,7 +48,10 @@ pub async fn wait_moved(
             let now = now_ms();
             let moved = shards.iter().all(|s| {
                 leases.iter().any(|l| {
-                    l.partition == *s && l.owner != node && !l.owner.is_empty() && l.expires_at_ms > now
+                    l.partition == *s
+                        && l.owner != node
+                        && !l.owner.is_empty()
+                        && l.expires_at_ms > now
                 })
             });
             if moved {

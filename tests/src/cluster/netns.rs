@@ -101,6 +101,22 @@ impl Netns {
         c.args(["netns", "exec", &self.name]).arg(program);
         c
     }
+
+    /// `GET path` on `addr` from inside the namespace (bash's `/dev/tcp`, so it works while
+    /// the namespace is cut off): status and body.
+    pub fn http_get(&self, addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+        let script = format!(
+            "exec 3<>/dev/tcp/{}/{} && printf 'GET {path} HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' >&3 \
+             && timeout 5 cat <&3",
+            addr.ip(),
+            addr.port()
+        );
+        let out = self.command(Path::new("bash")).args(["-c", &script]).output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.trim().to_string());
+        Ok((status, body.unwrap_or_default()))
+    }
 }
 
 impl Drop for Netns {

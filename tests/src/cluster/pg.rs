@@ -70,7 +70,8 @@ impl PgServer {
             primary.port
         );
         pg.run("pg_basebackup", &["-d", &conninfo, "-D", "data", "-R", "-X", "stream"])?;
-        pg.start(&[])?;
+        // Promotion waits this long for WAL that will never come (the primary is gone).
+        pg.start(&["wal_retrieve_retry_interval=500ms".to_string()])?;
         let t = Instant::now();
         loop {
             let q = "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'";

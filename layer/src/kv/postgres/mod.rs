@@ -181,10 +181,14 @@ impl PostgresOptions {
         if config.get_hosts().is_empty() {
             return Err(bad("url", "names no host".into()));
         }
-        // The URL's own `options` (e.g. a search_path) are kept; the timeouts come after them.
+        // The URL's own `options` (e.g. a search_path) are kept; ours come after them. JIT off:
+        // the backend's statements run in well under a millisecond, and on tables without
+        // statistics yet (a new store, a just-promoted standby) PostgreSQL's cost estimates
+        // passed `jit_above_cost`, so every read was JIT-compiled first — ~0.4 s of CPU each,
+        // which saturated the server after a failover (tests/tests/cluster.rs).
         let own = config.get_options().map(|o| format!("{o} ")).unwrap_or_default();
         config.options(format!(
-            "{own}-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
+            "{own}-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms} -c jit=off"
         ));
         config.connect_timeout(self.connect_timeout);
         config.keepalives(true);

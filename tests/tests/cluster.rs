@@ -42,7 +42,7 @@ async fn settle(c: &Cluster, name: &str, acked: &[Acked], within: Duration) -> R
     );
     ensure!(
         all && v.lost.is_empty(),
-        "{name}: {} lost, e.g. {:?}\n{}",
+        "{name}: {} acknowledged executions not started within {within:?}, e.g. {:?}\n{}",
         v.lost.len(),
         v.lost.first(),
         c.logs()

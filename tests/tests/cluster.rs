@@ -40,6 +40,12 @@ async fn settle(c: &Cluster, name: &str, acked: &[Acked], within: Duration) -> R
         v.early.len(),
         v.duplicates.len()
     );
+    if !all || !v.lost.is_empty() {
+        println!(
+            "{name}: what the cluster says of some not started: {}",
+            describe(c, &v.lost).await
+        );
+    }
     ensure!(
         all && v.lost.is_empty(),
         "{name}: {} acknowledged executions not started within {within:?}, e.g. {:?}\n{}",
@@ -55,6 +61,26 @@ async fn settle(c: &Cluster, name: &str, acked: &[Acked], within: Duration) -> R
         &bad[..bad.len().min(5)]
     );
     Ok(())
+}
+
+/// What the first node says of up to 5 of `ids` (status, attempts, next timer), for a failure.
+async fn describe(c: &Cluster, ids: &[String]) -> String {
+    let Ok(client) = c.client(0).await else { return "n1 unreachable".into() };
+    let mut out = Vec::new();
+    for id in ids.iter().take(5) {
+        out.push(match client.get(id).await {
+            Ok((e, attempts)) => format!(
+                "{id}: {:?} attempts {} next timer {} ready_at {} ({} attempt records)",
+                e.status(),
+                e.attempt_count,
+                e.next_timer_at_ms,
+                e.ready_at_ms,
+                attempts.len()
+            ),
+            Err(e) => format!("{id}: {e}"),
+        });
+    }
+    out.join("; ")
 }
 
 /// The first start, by a worker of a surviving node, of one of `probes` whose shard is in

@@ -83,6 +83,10 @@ async fn describe(c: &Cluster, ids: &[String]) -> String {
     out.join("; ")
 }
 
+/// How long a dead or cut-off node's shards may take to move: the lease, the clock-skew bound,
+/// a lease round (a third of the lease) and slack for a loaded 2-core machine.
+const MOVE_BOUND_MS: u128 = SHARD_LEASE_MS as u128 + 4_000;
+
 /// The first start, by a worker of a surviving node, of one of `probes` whose shard is in
 /// `shards`: ms after `since_ms`.
 fn first_probe_start(
@@ -118,6 +122,7 @@ async fn a_node_killed_mid_burst_loses_nothing_and_its_shards_move() -> Result<(
     let probes = submit_burst(&survivors, "probe", 600, now_ms()).await?;
     let within = Duration::from_secs(30);
     let moved = observe::wait_moved(&clients[0], "n2", &shards, kill_ms, within).await?;
+    ensure!(moved.as_millis() <= MOVE_BOUND_MS, "n2's shards moved only after {moved:?}");
     acked.extend(probes.iter().cloned());
     settle(&c, "sigkill", &acked, Duration::from_secs(120)).await?;
     let fired = first_probe_start(&c, &probes, &shards, count, kill_ms);
@@ -158,6 +163,7 @@ async fn a_node_cut_off_from_the_database_is_fenced_and_rejoins() -> Result<()> 
     c.nets[2].set_link(false)?;
     let within = Duration::from_secs(30);
     let moved = observe::wait_moved(&clients[0], "n3", &shards, cut_ms, within).await?;
+    ensure!(moved.as_millis() <= MOVE_BOUND_MS, "n3's shards moved only after {moved:?}");
     let (net, http) = (&c.nets[2], c.nodes[2].http);
     let (fenced, health) = wait_for(within, || {
         let (code, body) = net.http_get(http, "/healthz").unwrap_or_default();

@@ -1,12 +1,15 @@
 //! End-to-end tests that start real `kairos` processes; see `tests/tests/`. What they share:
-//! a minimal HTTP/1.1 client for the node's HTTP API.
+//! a minimal HTTP/1.1 client for the node's HTTP API, certificates for the TLS tests
+//! ([`pki`]), and a real cluster in network namespaces for the cluster tests ([`cluster`]).
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-/// One HTTP/1.1 request on its own connection: `(status, body)`; a chunked body is reduced to
-/// its JSON part.
+pub mod cluster;
+
+/// One HTTP/1.1 request on its own connection to 127.0.0.1:`port`: `(status, body)`; a chunked
+/// body is reduced to its JSON part.
 pub fn http_request(
     port: u16,
     method: &str,
@@ -14,7 +17,18 @@ pub fn http_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    http_request_at(SocketAddr::from(([127, 0, 0, 1], port)), method, path, headers, body)
+}
+
+/// [`http_request`] to any address (connecting for at most 2 s).
+pub fn http_request_at(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",

@@ -28,37 +28,26 @@ pub async fn run(config: &NodeConfig) -> anyhow::Result<bool> {
     let mut damaged = false;
     let db = match config.backend {
         Backend::Embedded => {
-            let path = config.data_dir.join("kv.redb");
-            if !path.exists() {
-                bail!("no store at {}: nothing to check", path.display());
-            }
-            println!("kairos check: {}", path.display());
-            match check_file(&path).map_err(anyhow::Error::msg)? {
-                EngineCheck::Clean => println!("engine: every page verified"),
-                EngineCheck::Repaired => println!(
-                    "engine: pages verified; the free-space bookkeeping was wrong and has been \
-                     rebuilt (no record changed)"
-                ),
-                EngineCheck::Damaged(why) => {
-                    damaged = true;
-                    println!("engine: DAMAGED — {why}");
-                }
-            }
-            // The engine's check ran above: the record pass reads whatever the engine still can.
-            let options = EmbeddedOptions {
-                cache_bytes: 16 << 20,
-                verify_at_open: VerifyAtOpen::Never,
-                ..Default::default()
-            };
-            match EmbeddedDatabase::open_database_with(&path, clock, rng, options) {
-                Ok(db) => db,
-                Err(e) => {
-                    println!("records: cannot be read — {e}");
-                    return Ok(true);
-                }
+            let (db, engine_damaged) = open_embedded(config, clock, rng)?;
+            damaged = engine_damaged;
+            match db {
+                Some(db) => db,
+                None => return Ok(true),
             }
         }
         Backend::Memory => bail!("backend memory keeps nothing between runs: nothing to check"),
+        Backend::Postgres => {
+            let options = config.postgres_options()?.context("backend postgres: no settings")?;
+            let at = options.describe().unwrap_or_default();
+            println!("kairos check: PostgreSQL {at}");
+            println!(
+                "engine: PostgreSQL checks its own storage (pg_amcheck); with nodes running, \
+                 counts may move while they are read"
+            );
+            kairos_layer::kv::postgres::PostgresDatabase::connect_database(options, clock, rng)
+                .await
+                .with_context(|| format!("connecting to PostgreSQL at {at} (postgres_url)"))?
+        }
         #[cfg(feature = "fdb")]
         Backend::Fdb => {
             println!("engine: FoundationDB checks its own storage (fdbcli `consistencycheck`)");
@@ -82,6 +71,45 @@ pub async fn run(config: &NodeConfig) -> anyhow::Result<bool> {
         Err(e) => {
             println!("records: reading them failed — {e:#}");
             Ok(true)
+        }
+    }
+}
+
+/// The engine's check of the embedded store, then the store opened for the record pass
+/// (`None` when it cannot be read); `true` when the engine found damage.
+fn open_embedded(
+    config: &NodeConfig,
+    clock: SharedClock,
+    rng: Rng,
+) -> anyhow::Result<(Option<Database>, bool)> {
+    let mut damaged = false;
+    let path = config.data_dir.join("kv.redb");
+    if !path.exists() {
+        bail!("no store at {}: nothing to check", path.display());
+    }
+    println!("kairos check: {}", path.display());
+    match check_file(&path).map_err(anyhow::Error::msg)? {
+        EngineCheck::Clean => println!("engine: every page verified"),
+        EngineCheck::Repaired => println!(
+            "engine: pages verified; the free-space bookkeeping was wrong and has been \
+             rebuilt (no record changed)"
+        ),
+        EngineCheck::Damaged(why) => {
+            damaged = true;
+            println!("engine: DAMAGED — {why}");
+        }
+    }
+    // The engine's check ran above: the record pass reads whatever the engine still can.
+    let options = EmbeddedOptions {
+        cache_bytes: 16 << 20,
+        verify_at_open: VerifyAtOpen::Never,
+        ..Default::default()
+    };
+    match EmbeddedDatabase::open_database_with(&path, clock, rng, options) {
+        Ok(db) => Ok((Some(db), damaged)),
+        Err(e) => {
+            println!("records: cannot be read — {e}");
+            Ok((None, true))
         }
     }
 }

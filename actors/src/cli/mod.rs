@@ -76,13 +76,57 @@ struct StoreArgs {
     cluster: Option<String>,
 }
 
+/// The postgres backend's settings (docs/node.md, "A cluster on PostgreSQL").
+#[derive(Debug, Args)]
+struct PostgresArgs {
+    /// The database of --backend postgres, e.g.
+    /// postgresql://kairos@db1:5432,db2:5432/kairos?target_session_attrs=read-write
+    /// [env: KAIROS_POSTGRES_URL].
+    #[arg(long, value_name = "URL")]
+    postgres_url: Option<String>,
+    /// The schema of Kairos's tables, the same on every node [env: KAIROS_POSTGRES_SCHEMA]
+    /// [default: kairos].
+    #[arg(long, value_name = "NAME")]
+    postgres_schema: Option<String>,
+    /// Pooled connections for reads, 1-1000 (the committer and the watch listener have one
+    /// each on top) [env: KAIROS_POSTGRES_POOL_SIZE] [default: 16].
+    #[arg(long, value_name = "N")]
+    postgres_pool_size: Option<u64>,
+    /// PostgreSQL's statement_timeout for the node's statements
+    /// [env: KAIROS_POSTGRES_STATEMENT_TIMEOUT_MS] [default: 5000].
+    #[arg(long, value_name = "MS")]
+    postgres_statement_timeout_ms: Option<u64>,
+}
+
+impl PostgresArgs {
+    fn apply(&self, config: &mut NodeConfig) -> anyhow::Result<()> {
+        let flags = [
+            ("postgres_url", self.postgres_url.clone()),
+            ("postgres_schema", self.postgres_schema.clone()),
+            ("postgres_pool_size", self.postgres_pool_size.map(|v| v.to_string())),
+            (
+                "postgres_statement_timeout_ms",
+                self.postgres_statement_timeout_ms.map(|v| v.to_string()),
+            ),
+        ];
+        for (setting, value) in flags {
+            if let Some(v) = value {
+                config.set(setting, &v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Args)]
 struct NodeArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The storage backend [env: KAIROS_BACKEND] [default: embedded].
-    #[arg(long, value_parser = ["embedded", "memory", "fdb"])]
+    #[arg(long, value_parser = ["embedded", "memory", "postgres", "fdb"])]
     backend: Option<String>,
+    #[command(flatten)]
+    postgres: PostgresArgs,
     /// HTTP API, /metrics and /healthz [env: KAIROS_LISTEN_HTTP] [default: 127.0.0.1:7070].
     #[arg(long, value_name = "ADDR", value_parser = clap::value_parser!(std::net::SocketAddr))]
     listen_http: Option<std::net::SocketAddr>,
@@ -103,6 +147,9 @@ struct NodeArgs {
     /// This node's id [env: KAIROS_NODE_ID] [default: kept in DIR/node-id].
     #[arg(long, value_name = "ID")]
     node_id: Option<String>,
+    /// This node's region label [env: KAIROS_REGION] [default: local].
+    #[arg(long, value_name = "NAME")]
+    region: Option<String>,
     /// Logical shards, fixed when the cluster is created [default: 64].
     #[arg(long, value_name = "N")]
     shard_count: Option<u32>,
@@ -126,8 +173,10 @@ struct CheckArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// The storage backend [env: KAIROS_BACKEND] [default: embedded].
-    #[arg(long, value_parser = ["embedded", "fdb"])]
+    #[arg(long, value_parser = ["embedded", "postgres", "fdb"])]
     backend: Option<String>,
+    #[command(flatten)]
+    postgres: PostgresArgs,
 }
 
 #[derive(Debug, Args)]
@@ -218,6 +267,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             if let Some(b) = &a.backend {
                 config.set("backend", b)?;
             }
+            a.postgres.apply(&mut config)?;
             config.validate()?;
             let damaged = runtime()?.block_on(crate::cli::check::run(&config))?;
             if damaged {
@@ -309,6 +359,7 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
         ("tls_key_file", a.tls_key_file.clone()),
         ("tls_client_ca_file", a.tls_client_ca_file.clone()),
         ("node_id", a.node_id.clone()),
+        ("region", a.region.clone()),
         ("shard_count", a.shard_count.map(|v| v.to_string())),
         ("log", a.log.clone()),
         ("store_cache_mib", a.store_cache_mib.map(|v| v.to_string())),
@@ -320,6 +371,7 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
             config.set(setting, &v)?;
         }
     }
+    a.postgres.apply(&mut config)?;
     config.validate()?;
     Ok(config)
 }

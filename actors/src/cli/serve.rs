@@ -32,7 +32,11 @@ fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
     Ok(id)
 }
 
-fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::Result<Database> {
+async fn open_database(
+    config: &NodeConfig,
+    clock: SharedClock,
+    rng: Rng,
+) -> anyhow::Result<Database> {
     Ok(match config.backend {
         Backend::Embedded => {
             let path = config.data_dir.join("kv.redb");
@@ -54,6 +58,13 @@ fn open_database(config: &NodeConfig, clock: SharedClock, rng: Rng) -> anyhow::R
             rng,
             kairos_layer::kv::memory::FaultConfig::none(),
         ),
+        Backend::Postgres => {
+            let options = config.postgres_options()?.context("backend postgres: no settings")?;
+            let at = options.describe().unwrap_or_default();
+            kairos_layer::kv::postgres::PostgresDatabase::connect_database(options, clock, rng)
+                .await
+                .with_context(|| format!("connecting to PostgreSQL at {at} (postgres_url)"))?
+        }
         #[cfg(feature = "fdb")]
         Backend::Fdb => kairos_layer::kv::fdb::FdbDatabase::open_database(
             config.fdb_cluster_file.as_deref(),
@@ -122,7 +133,8 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);
-    let db = open_database(&config, clock.clone(), rng.fork())?;
+    let db = open_database(&config, clock.clone(), rng.fork()).await?;
+    let store = describe_store(&config);
     let data_dir = config.data_dir.clone();
     let tls_reload =
         (config.tls_reload_ms > 0).then(|| std::time::Duration::from_millis(config.tls_reload_ms));
@@ -142,9 +154,8 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {listen_grpc}"))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
-        "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; data in {}",
+        "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; {store}",
         node.node_id(),
-        display_dir(&data_dir)
     );
     announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
     let tls_watch = tls.as_ref().map(|t| announce_tls(t, tls_reload));
@@ -264,6 +275,22 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     options.open(path)?.write_all(text.as_bytes())
+}
+
+/// Where the node's data lives, for the start-up line (never a password).
+fn describe_store(config: &NodeConfig) -> String {
+    match config.backend {
+        Backend::Embedded => format!("data in {}", display_dir(&config.data_dir)),
+        Backend::Memory => "data in memory (lost at exit)".into(),
+        Backend::Postgres => {
+            let at = config.postgres_options().ok().flatten().and_then(|o| o.describe());
+            format!("data in PostgreSQL {}", at.unwrap_or_default())
+        }
+        Backend::Fdb => format!(
+            "data in FoundationDB ({})",
+            config.fdb_cluster_file.as_deref().unwrap_or("the default cluster file")
+        ),
+    }
 }
 
 fn display_dir(p: &Path) -> String {

@@ -34,7 +34,7 @@ pub(crate) fn watch_store_health(ctx: &Ctx) -> tokio::sync::watch::Receiver<Stor
     rx
 }
 
-/// The gauge's value for a health (1 healthy, 0 refusing writes, -1 failed), logging the change.
+/// The gauge's value for a health (1 healthy, 0 refusing writes, -1 failed, -2 unreachable), logging the change.
 fn gauge(now: &StoreHealth) -> i64 {
     match now {
         StoreHealth::Healthy => {
@@ -44,6 +44,10 @@ fn gauge(now: &StoreHealth) -> i64 {
         StoreHealth::WritesRefused { reason } => {
             tracing::warn!(%reason, "the store refuses writes; reads go on");
             0
+        }
+        StoreHealth::Unavailable { reason } => {
+            tracing::warn!(%reason, "the store cannot be reached; retrying");
+            -2
         }
         StoreHealth::Failed { reason } => {
             tracing::error!(%reason, "the store failed");

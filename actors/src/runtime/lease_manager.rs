@@ -263,6 +263,9 @@ fn node_record(ctx: &Ctx, started_at_ms: i64) -> NodeRecord {
     }
 }
 
+/// One round: renew every held lease (in the same commit batch as the heartbeat, so a busy
+/// store delays renewals by one commit, not two), then read the nodes and leases, plan, acquire
+/// and release.
 async fn run_round(
     ctx: &Ctx,
     spaces: &[Space],
@@ -271,7 +274,13 @@ async fn run_round(
 ) -> Result<RoundOutcome, Error> {
     let c = &ctx.config;
     let sched = &ctx.sched;
-    sched.heartbeat_node(node_record(ctx, started_at_ms)).await?;
+    let mut out = RoundOutcome::default();
+    let (heartbeat, renewed) = tokio::join!(
+        sched.heartbeat_node(node_record(ctx, started_at_ms)),
+        renew(ctx, held, &mut out)
+    );
+    heartbeat?;
+    renewed?; // a failed renewal round keeps nothing; the owners stop if their leases run out
     let nodes = sched.nodes().await?;
     let mut leases = Vec::new();
     for space in spaces {
@@ -291,12 +300,11 @@ async fn run_round(
     };
     let counts: Vec<(Space, u32)> =
         spaces.iter().map(|s| (*s, sched.partition_count(*s))).collect();
-    let held_set: BTreeSet<PartitionId> = held.keys().copied().collect();
-    let plan = plan_leases(&view, &held_set, &counts);
-    let mut out = RoundOutcome::default();
-    renew(ctx, &plan, held, &mut out).await?;
+    let still: BTreeMap<PartitionId, u64> =
+        held.iter().filter(|(p, _)| !out.lost.contains(p)).map(|(p, e)| (*p, *e)).collect();
+    let plan = plan_leases(&view, &still.keys().copied().collect(), &counts);
     acquire(ctx, &plan, &mut out).await;
-    release(ctx, plan, held, &mut out).await;
+    release(ctx, plan, &still, &mut out).await;
     Ok(out)
 }
 
@@ -318,21 +326,19 @@ fn warn_of_skew(ctx: &Ctx, nodes: &[NodeRecord], now: i64) {
     }
 }
 
-/// Renews every held lease; a failed renewal round keeps nothing (the owners stop if their
-/// leases run out).
+/// Renews every held lease into `out` (renewed with their expiry, or lost).
 async fn renew(
     ctx: &Ctx,
-    plan: &LeasePlan,
     held: &BTreeMap<PartitionId, u64>,
     out: &mut RoundOutcome,
 ) -> Result<(), Error> {
-    let renew: Vec<(Space, u32, u64)> = plan.renew.iter().map(|p| (p.0, p.1, held[p])).collect();
-    if renew.is_empty() {
+    if held.is_empty() {
         return Ok(());
     }
+    let list: Vec<(Space, u32, u64)> = held.iter().map(|(p, e)| (p.0, p.1, *e)).collect();
     let duration = ctx.config.shard_lease_ms as i64;
-    let results = ctx.sched.renew_partitions(&renew, &ctx.node_id, duration).await?;
-    for (r, p) in results.into_iter().zip(&plan.renew) {
+    let results = ctx.sched.renew_partitions(&list, &ctx.node_id, duration).await?;
+    for (r, p) in results.into_iter().zip(held.keys()) {
         match r {
             Ok(l) => {
                 debug_assert_eq!(l.epoch, held[p], "a renewal keeps the epoch it was held at");
@@ -405,6 +411,9 @@ impl Actor for LeaseManager {
             started_at_ms,
         };
         s.round(&myself);
+        // Ticks come every period whether or not a round finished: a round stuck on an
+        // unreachable store must not keep a lapsed lease's worker running.
+        send_after(&s.ctx.clock, s.period(), myself.clone(), LeaseMsg::Tick);
         Ok(s)
     }
 
@@ -417,16 +426,16 @@ impl Actor for LeaseManager {
         match msg {
             LeaseMsg::Tick => {
                 s.stop_lapsed();
-                s.round(&myself)
+                s.round(&myself);
+                if !s.draining {
+                    send_after(&s.ctx.clock, s.period(), myself.clone(), LeaseMsg::Tick);
+                }
             }
             LeaseMsg::Round(r) => {
                 s.busy = false;
                 match r {
                     Ok(outcome) => s.round_done(&myself, outcome).await,
                     Err(e) => tracing::warn!(error = %e, "lease round failed; retrying"),
-                }
-                if !s.draining {
-                    send_after(&s.ctx.clock, s.period(), myself.clone(), LeaseMsg::Tick);
                 }
             }
             LeaseMsg::Drain(reply) => {

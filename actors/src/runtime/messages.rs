@@ -161,7 +161,8 @@ pub struct RoundOutcome {
 /// Messages of the lease manager.
 #[derive(Debug)]
 pub enum LeaseMsg {
-    /// Run a round.
+    /// Stop the workers of lapsed leases; run a round unless one is running. Sent every
+    /// `shard_lease_ms / 3`.
     Tick,
     /// A round finished.
     Round(Result<RoundOutcome, Error>),

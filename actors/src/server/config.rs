@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use kairos_layer::kv::postgres::PostgresOptions;
 use kairos_layer::limits::{
     CRON_LOOKAHEAD_MAX_MS, FAIR_SCAN_ROWS_MAX, FIRE_BATCH_MAX, NAME_BYTES_MAX, SHARD_COUNT_MAX,
 };
@@ -23,6 +24,8 @@ pub enum Backend {
     Memory,
     /// A FoundationDB cluster (build with `--features fdb`).
     Fdb,
+    /// A PostgreSQL database several nodes share (`postgres_url`; ADR 0008).
+    Postgres,
 }
 
 /// How the node writes its log lines (on stderr).
@@ -87,6 +90,19 @@ pub struct NodeConfig {
     pub backend: Backend,
     /// FoundationDB cluster file (backend `fdb`); default: the client's default.
     pub fdb_cluster_file: Option<String>,
+    /// The database of backend `postgres`: a libpq-style URL, e.g.
+    /// `postgresql://kairos:secret@db1:5432,db2:5432/kairos?target_session_attrs=read-write`
+    /// (several hosts: the first writable one, i.e. the primary after a failover).
+    pub postgres_url: Option<String>,
+    /// The PostgreSQL schema holding Kairos's tables (created when absent): lower-case
+    /// letters, digits and `_`, at most 40 characters. Every node of a cluster names the same.
+    pub postgres_schema: String,
+    /// Pooled connections for reads, per node (the committer and the watch listener have one
+    /// each on top): 1-1000.
+    pub postgres_pool_size: usize,
+    /// PostgreSQL's `statement_timeout` for the node's statements (and the idle-in-transaction
+    /// timeout that frees the commit lock of a node that vanished mid-commit), 1 ms-1 h.
+    pub postgres_statement_timeout_ms: u64,
     /// Cluster name: the root of the keyspace.
     pub cluster: String,
     /// HTTP listen address: the seed's JSON API, `/metrics`, `/healthz`.
@@ -117,7 +133,9 @@ pub struct NodeConfig {
     /// heartbeat appears further ahead is reported. At most 250 ms (a quarter of the shortest
     /// attempt lease) and a quarter of `shard_lease_ms`.
     pub max_clock_skew_ms: u64,
-    /// A node is alive if it heartbeated within this.
+    /// A node is alive if it heartbeated within this (at least `shard_lease_ms`). The shards
+    /// of a node that died move once its leases expired and it stopped counting as alive:
+    /// after `max(shard_lease_ms, node_ttl_ms)` plus the clock-skew bound.
     pub node_ttl_ms: u64,
     /// How far ahead a shard owner loads timers into memory.
     pub window_ms: u64,
@@ -181,6 +199,10 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("kairos-data"),
             backend: Backend::Embedded,
             fdb_cluster_file: None,
+            postgres_url: None,
+            postgres_schema: "kairos".into(),
+            postgres_pool_size: 16,
+            postgres_statement_timeout_ms: 5_000,
             cluster: "default".into(),
             listen_http: SocketAddr::from(([127, 0, 0, 1], 7070)),
             listen_grpc: SocketAddr::from(([127, 0, 0, 1], 7071)),
@@ -193,7 +215,7 @@ impl Default for NodeConfig {
             ready_partitions: 0,
             shard_lease_ms: 10_000,
             max_clock_skew_ms: 250,
-            node_ttl_ms: 30_000,
+            node_ttl_ms: 10_000,
             window_ms: 30_000,
             window_timers_max: 100_000,
             poll_interval_ms: 1_000,
@@ -233,7 +255,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 20] = [
+pub const ENV_VARS: [(&str, &str); 24] = [
     ("KAIROS_AUTH", "auth"),
     ("KAIROS_FAIR_SCAN_ROWS", "fair_scan_rows"),
     ("KAIROS_NODE_ID", "node_id"),
@@ -248,6 +270,10 @@ pub const ENV_VARS: [(&str, &str); 20] = [
     ("KAIROS_OTLP_ENDPOINT", "otlp_endpoint"),
     ("KAIROS_STORE_CACHE_MIB", "store_cache_mib"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
+    ("KAIROS_POSTGRES_URL", "postgres_url"),
+    ("KAIROS_POSTGRES_SCHEMA", "postgres_schema"),
+    ("KAIROS_POSTGRES_POOL_SIZE", "postgres_pool_size"),
+    ("KAIROS_POSTGRES_STATEMENT_TIMEOUT_MS", "postgres_statement_timeout_ms"),
     ("KAIROS_REGION", "region"),
     ("KAIROS_PRIMARY_REGION", "primary_region"),
     ("KAIROS_TLS_CERT_FILE", "tls_cert_file"),
@@ -276,6 +302,8 @@ impl NodeConfig {
             "primary_region" => self.primary_region = value.to_string(),
             "data_dir" => self.data_dir = PathBuf::from(value),
             "fdb_cluster_file" => self.fdb_cluster_file = Some(value.to_string()),
+            "postgres_url" => self.postgres_url = Some(value.to_string()),
+            "postgres_schema" => self.postgres_schema = value.to_string(),
             "cluster" => self.cluster = value.to_string(),
             "listen_http" => self.listen_http = address(value)?,
             "listen_grpc" => self.listen_grpc = address(value)?,
@@ -312,6 +340,8 @@ impl NodeConfig {
             "audit_retention_days" => self.audit_retention_days = num32(value)?,
             "fair_scan_rows" => self.fair_scan_rows = num(value)? as usize,
             "store_cache_mib" => self.store_cache_mib = num(value)?,
+            "postgres_pool_size" => self.postgres_pool_size = num(value)? as usize,
+            "postgres_statement_timeout_ms" => self.postgres_statement_timeout_ms = num(value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -326,7 +356,8 @@ impl NodeConfig {
                     "embedded" => Backend::Embedded,
                     "memory" => Backend::Memory,
                     "fdb" => Backend::Fdb,
-                    _ => return not("embedded, memory or fdb"),
+                    "postgres" => Backend::Postgres,
+                    _ => return not("embedded, memory, postgres or fdb"),
                 }
             }
             "log_format" => {
@@ -389,7 +420,37 @@ impl NodeConfig {
         if let Some((q, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
             return Err(bad(&format!("queue_concurrency.{q}"), "must be positive"));
         }
-        Ok(())
+        self.postgres_options().map(|_| ())
+    }
+
+    /// The postgres backend's settings (`None` on another backend), checked: an error names
+    /// the setting (the URL itself is never repeated: it may hold a password).
+    pub fn postgres_options(&self) -> Result<Option<PostgresOptions>, ConfigError> {
+        if self.backend != Backend::Postgres {
+            return Ok(None);
+        }
+        let Some(url) = self.postgres_url.clone().filter(|u| !u.is_empty()) else {
+            return Err(bad(
+                "postgres_url",
+                "required with backend postgres (--postgres-url or KAIROS_POSTGRES_URL)",
+            ));
+        };
+        let options = PostgresOptions {
+            schema: self.postgres_schema.clone(),
+            pool_size: self.postgres_pool_size,
+            statement_timeout: std::time::Duration::from_millis(self.postgres_statement_timeout_ms),
+            ..PostgresOptions::new(url)
+        };
+        options.check().map_err(|e| {
+            let setting = match e.field {
+                "schema" => "postgres_schema",
+                "pool size" => "postgres_pool_size",
+                "statement timeout" => "postgres_statement_timeout_ms",
+                _ => "postgres_url",
+            };
+            bad(setting, e.reason)
+        })?;
+        Ok(Some(options))
     }
 
     /// The node's id and the cluster's shape.
@@ -501,7 +562,7 @@ mod tests {
     fn errors_name_the_setting() {
         let e = NodeConfig::from_yaml("shard_cont: 8\n").unwrap_err();
         assert!(e.to_string().contains("shard_cont"), "{e}");
-        let e = NodeConfig::default().set("backend", "postgres").unwrap_err();
+        let e = NodeConfig::default().set("backend", "mysql").unwrap_err();
         assert_eq!(e.setting, "backend");
         let e = NodeConfig::default()
             .apply_env(|k| (k == "KAIROS_LISTEN_HTTP").then(|| "nope".into()))
@@ -519,6 +580,38 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().setting, "ready_partitions");
         assert_eq!(NodeConfig { shard_count: 8, ..NodeConfig::default() }.ready_partitions(), 8);
         assert_eq!(NodeConfig::default().ready_partitions(), 16);
+    }
+
+    #[test]
+    fn postgres_settings_are_checked_naming_the_setting() {
+        let mut c = NodeConfig::default();
+        c.set("backend", "postgres").unwrap();
+        let e = c.validate().unwrap_err();
+        assert!(e.setting == "postgres_url" && e.reason.contains("KAIROS_POSTGRES_URL"), "{e}");
+        let env = |k: &str| match k {
+            "KAIROS_POSTGRES_URL" => Some("postgresql://kairos:secret@db1:5432,db2:5432/k".into()),
+            "KAIROS_POSTGRES_POOL_SIZE" => Some("4".into()),
+            _ => None,
+        };
+        c.apply_env(env).unwrap();
+        c.validate().unwrap();
+        let o = c.postgres_options().unwrap().unwrap();
+        assert_eq!((o.pool_size, o.schema.as_str()), (4, "kairos"));
+        c.set("postgres_url", "postgresql://kairos:secret@db1:notaport/k").unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.setting, "postgres_url");
+        assert!(!e.to_string().contains("secret"), "the URL is not repeated: {e}");
+        c.set("postgres_url", "postgresql://db1/k").unwrap();
+        c.set("postgres_schema", "Bad-Name").unwrap();
+        assert_eq!(c.validate().unwrap_err().setting, "postgres_schema");
+        c.set("postgres_schema", "kairos_2").unwrap();
+        c.set("postgres_statement_timeout_ms", "0").unwrap();
+        assert_eq!(c.validate().unwrap_err().setting, "postgres_statement_timeout_ms");
+        c.set("postgres_statement_timeout_ms", "2000").unwrap();
+        c.set("postgres_pool_size", "0").unwrap();
+        assert_eq!(c.validate().unwrap_err().setting, "postgres_pool_size");
+        let yaml = "backend: postgres\npostgres_url: postgresql://db1/k\npostgres_pool_size: 8\n";
+        NodeConfig::from_yaml(yaml).unwrap().validate().unwrap();
     }
 
     #[test]

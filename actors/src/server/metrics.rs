@@ -315,7 +315,7 @@ impl Metrics {
             ),
             (
                 "kairos_store_healthy",
-                "1: the store takes writes; 0: it refuses them for now (disk full); -1: it failed.",
+                "1: the store takes writes; 0: it refuses them for now (disk full); -1: it failed; -2: it cannot be reached for now.",
                 &self.store_health,
             ),
             ("kairos_shards_owned", "Shards this node owns.", &self.shards_owned),

@@ -70,8 +70,9 @@ pub enum Error {
     /// 9003: the store's disk is full: writes are refused until space returns (reads go on).
     #[error("storage_full (9003): {0}")]
     StorageFull(String),
-    /// Any other FoundationDB error, passed through by the `fdb` backend.
-    #[error("fdb error ({code}): {message}")]
+    /// Any other error with a FoundationDB-style code: FoundationDB's own, passed through by
+    /// the `fdb` backend, or the postgres backend's 9004 `database_unavailable`.
+    #[error("error {code}: {message}")]
     Other {
         /// FoundationDB error code.
         code: i32,

@@ -143,6 +143,13 @@ pub enum StoreHealth {
         /// Why.
         reason: String,
     },
+    /// The store cannot be reached for now (a database server down, failing over, or cut off
+    /// from this node): operations fail with retryable errors and work again by themselves
+    /// once it is reachable.
+    Unavailable {
+        /// Why (the last connection error).
+        reason: String,
+    },
     /// The store failed for good (e.g. the engine found its file damaged): every operation
     /// fails; the node must stop and an operator look (`kairos check`).
     Failed {

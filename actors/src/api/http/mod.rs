@@ -291,7 +291,8 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
 }
 
 /// `200 ok …` while the store takes writes; `503` with the reason while it refuses them (a full
-/// disk: reads go on) or after it failed (the node is stopping).
+/// disk: reads go on), while it cannot be reached (a database down or cut off: it heals by
+/// itself), or after it failed (the node is stopping).
 async fn healthz(State(node): State<Node>) -> Response {
     let (id, shards) = (node.node_id().to_string(), node.owned_shards().len());
     match node.store_health() {
@@ -300,6 +301,12 @@ async fn healthz(State(node): State<Node>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "30")],
             format!("writes-refused node={id} shards={shards}: {reason}\n"),
+        )
+            .into_response(),
+        StoreHealth::Unavailable { reason } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            format!("store-unavailable node={id} shards={shards}: {reason}\n"),
         )
             .into_response(),
         StoreHealth::Failed { reason } => (

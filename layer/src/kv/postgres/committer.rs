@@ -126,6 +126,11 @@ async fn commit_batch(db: &Shared, client: &mut Option<Conn>, batch: Vec<Job>) {
         Ok(c) => try_batch(db, c, &batch).await,
         Err(e) => Err(Failure::NotApplied(e)),
     };
+    db.reached(match &outcome {
+        Ok(_) => Ok(()),
+        Err(Failure::NotApplied(e) | Failure::Split(e)) => Err(e),
+        Err(Failure::Unknown) => Err(&Error::CommitUnknownResult),
+    });
     match outcome {
         Ok(replies) => {
             for (job, r) in batch.into_iter().zip(replies) {

@@ -155,7 +155,8 @@ async fn run(db: Arc<Shared>, mut current: Listening) {
             }
             match listen(&db).await {
                 Ok(l) => break l,
-                Err(_) => {
+                Err(e) => {
+                    db.reached(Err(&e));
                     db.clock.sleep(delay).await;
                     delay = (delay * 2).min(RECONNECT_DELAY_MAX);
                 }

@@ -64,7 +64,7 @@ use self::sql::Sql;
 use self::transaction::PgTransaction;
 use super::error::{Error, Result};
 use super::local::watch::Watches;
-use super::{Database, KvDatabase, KvTransaction};
+use super::{Database, KvDatabase, KvTransaction, StoreHealth};
 use crate::env::{BoxFuture, Rng, SharedClock};
 
 /// The format of the tables this build reads and writes; a store of another format is refused
@@ -75,6 +75,12 @@ pub const HISTORY_RETENTION_MS: u64 = 2 * super::limits::TRANSACTION_AGE_MAX_MS;
 /// Kairos's code for "the database cannot be reached" (retryable: a connection attempt or a
 /// read failed before anything was applied).
 pub const UNAVAILABLE_CODE: i32 = 9004;
+/// Idle time before a connection's first TCP keepalive probe.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(2);
+/// Time between keepalive probes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Unanswered probes before the connection is dropped.
+const KEEPALIVE_RETRIES: u32 = 3;
 
 const _: () = assert!(COMMIT_BATCH_TRANSACTIONS_MAX <= u16::MAX as usize);
 const _: () = assert!(HISTORY_RETENTION_MS > super::limits::TRANSACTION_AGE_MAX_MS);
@@ -112,10 +118,41 @@ impl PostgresOptions {
         }
     }
 
-    /// Checks the settings, naming the field and the reason.
+    /// Where the data lives, for messages: `host:port,…/database, schema S` (no user, no
+    /// password); `None` when the URL cannot be parsed.
+    pub fn describe(&self) -> Option<String> {
+        let config: tokio_postgres::Config = self.url.parse().ok()?;
+        let ports = config.get_ports();
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let host = match h {
+                    tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                };
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                format!("{host}:{port}")
+            })
+            .collect();
+        let db = config.get_dbname().or(config.get_user()).unwrap_or("postgres");
+        Some(format!("{}/{db}, schema {}", hosts.join(","), self.schema))
+    }
+
+    /// Checks the settings without connecting: `Err` names the field and the reason.
+    pub fn check(&self) -> std::result::Result<(), InvalidOption> {
+        self.config().map(|_| ())
+    }
+
     fn validate(&self) -> Result<tokio_postgres::Config> {
-        let bad =
-            |field: &str, why: String| Error::InvalidOperation(format!("postgres {field}: {why}"));
+        self.config().map_err(|e| Error::InvalidOperation(e.to_string()))
+    }
+
+    /// The client's settings: the URL's, with the timeouts, keepalives and a TCP user timeout
+    /// that notice a database gone silent (a dead link sends no reset) within seconds.
+    fn config(&self) -> std::result::Result<tokio_postgres::Config, InvalidOption> {
+        let bad = |field: &'static str, reason: String| InvalidOption { field, reason };
         let s = &self.schema;
         let first_ok = s.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_');
         let rest_ok = s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
@@ -140,19 +177,37 @@ impl PostgresOptions {
         if config.get_hosts().is_empty() {
             return Err(bad("url", "names no host".into()));
         }
-        // The URL's own `options` (e.g. a search_path) are kept; the timeouts come after them.
+        // The URL's own `options` (e.g. a search_path) are kept; ours come after them. JIT off:
+        // the backend's statements run in well under a millisecond, and on tables without
+        // statistics yet (a new store, a just-promoted standby) PostgreSQL's cost estimates
+        // passed `jit_above_cost`, so every read was JIT-compiled first — ~0.4 s of CPU each,
+        // which saturated the server after a failover (tests/tests/cluster.rs).
         let own = config.get_options().map(|o| format!("{o} ")).unwrap_or_default();
         config.options(format!(
-            "{own}-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
+            "{own}-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms} -c jit=off"
         ));
         config.connect_timeout(self.connect_timeout);
         config.keepalives(true);
-        config.keepalives_idle(Duration::from_secs(10));
+        config.keepalives_idle(KEEPALIVE_IDLE);
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+        // Sent data unacknowledged this long (or keepalives unanswered) breaks the connection.
+        config.tcp_user_timeout(self.connect_timeout);
         if config.get_application_name().is_none() {
             config.application_name("kairos");
         }
         Ok(config)
     }
+}
+
+/// A setting of [`PostgresOptions`] that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("postgres {field}: {reason}")]
+pub struct InvalidOption {
+    /// The field: `url`, `schema`, `pool size` or `statement timeout`.
+    pub field: &'static str,
+    /// Why.
+    pub reason: String,
 }
 
 /// Commit batches this process acknowledged recently, in order: a transaction's read version
@@ -203,11 +258,28 @@ struct Shared {
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     stats: Arc<PostgresStats>,
+    /// Why the database could not be reached at the last try (`None`: it could), for
+    /// [`KvDatabase::health`].
+    unreachable: Mutex<Option<String>>,
 }
 
 impl Shared {
     fn learn(&self, version: u64) {
         self.known.fetch_max(version, Ordering::AcqRel);
+    }
+
+    /// Notes how the last round trip that needed the database went: reached, or failed with
+    /// `e` (only an unreachable database changes the health).
+    fn reached(&self, outcome: std::result::Result<(), &Error>) {
+        let mut u = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+        match outcome {
+            Ok(()) => *u = None,
+            Err(e) if is_unavailable(e) => *u = Some(e.to_string()),
+            Err(Error::CommitUnknownResult) => {
+                *u = Some("the connection failed while a commit was in flight".into())
+            }
+            Err(_) => {}
+        }
     }
 
     /// A pooled connection.
@@ -293,6 +365,7 @@ impl PostgresDatabase {
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
             stats: Arc::new(PostgresStats::default()),
+            unreachable: Mutex::new(None),
         });
         let committer = tokio::spawn(committer::run(shared.clone(), rx));
         let listener = listener::start(shared.clone()).await?;
@@ -329,6 +402,17 @@ impl KvDatabase for PostgresDatabase {
         "postgres"
     }
 
+    /// `Unavailable` while the last commit batch (or the listening connection) could not
+    /// reach the database; `Healthy` once one did. A node commits its lease renewals every
+    /// few seconds, so this follows the database closely.
+    fn health(&self) -> StoreHealth {
+        let u = self.shared.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+        match &*u {
+            Some(reason) => StoreHealth::Unavailable { reason: reason.clone() },
+            None => StoreHealth::Healthy,
+        }
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.shared.closed.store(true, Ordering::Release);
@@ -357,6 +441,11 @@ pub fn unavailable_msg(message: String) -> Error {
         retryable: true,
         maybe_committed: false,
     }
+}
+
+/// Whether `e` says the database could not be reached (code [`UNAVAILABLE_CODE`]).
+pub fn is_unavailable(e: &Error) -> bool {
+    matches!(e, Error::Other { code, .. } if *code == UNAVAILABLE_CODE)
 }
 
 /// Maps a PostgreSQL error of a read or of a statement before `COMMIT` (nothing applied).

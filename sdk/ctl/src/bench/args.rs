@@ -135,6 +135,24 @@ pub struct Args {
     /// --log of the spawned node.
     #[arg(long, value_name = "LEVEL", default_value = "warn", help_heading = "Node")]
     pub node_log: String,
+    /// Nodes to spawn (more than one needs a store they can share: --postgres-url). The
+    /// generator's connections and the workers are spread over them in turn; node CPU adds up
+    /// every node, peak RSS is the largest.
+    #[arg(long, value_name = "N", default_value = "1", value_parser = positive_usize, conflicts_with = "endpoint", help_heading = "Node")]
+    pub nodes: usize,
+    /// Spawned nodes on this PostgreSQL database (`--backend postgres --postgres-url URL`), in
+    /// a schema of their own for this run (`bench_<run>`, left in the database afterwards).
+    #[arg(long, value_name = "URL", conflicts_with = "endpoint", help_heading = "Node")]
+    pub postgres_url: Option<String>,
+    /// One more flag for every spawned node, e.g. --node-arg=--shard-count=128 (repeatable).
+    #[arg(
+        long,
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        conflicts_with = "endpoint",
+        help_heading = "Node"
+    )]
+    pub node_arg: Vec<String>,
     /// Keep the temp dir (node data and logs; always kept on failure).
     #[arg(long, help_heading = "Node")]
     pub keep: bool,
@@ -221,6 +239,12 @@ impl Args {
             return Err(
                 "s5 kills and restarts the node: it needs a spawned node, not --endpoint".into()
             );
+        }
+        if self.nodes > 1 && self.postgres_url.is_none() {
+            return Err(format!(
+                "--nodes {}: several nodes need a store they share (--postgres-url URL)",
+                self.nodes
+            ));
         }
         Ok(())
     }

@@ -34,7 +34,10 @@ execution:
 /// What every scenario works with.
 pub struct Env {
     pub args: Args,
+    /// The node (the first, with `--nodes`).
     pub node: Node,
+    /// The other spawned nodes (`--nodes`).
+    pub more: Vec<NodeProc>,
     /// One client per connection (`--connections`).
     pub clients: Vec<Client>,
     /// Makes this run's idempotency keys unique: `bench-<run>-<phase>-<n>`.
@@ -48,41 +51,20 @@ pub struct Env {
 
 impl Env {
     pub(super) async fn setup(args: Args, dir: WorkDir) -> Result<Env, (anyhow::Error, WorkDir)> {
-        let node = match args.endpoint.clone() {
-            Some(endpoint) => Node::External { endpoint, pid: args.node_pid },
-            None => {
-                let kairos = match node::find_kairos(args.kairos.as_deref()) {
-                    Ok(k) => k,
-                    Err(e) => return Err((e, dir)),
-                };
-                let t = Instant::now();
-                match NodeProc::spawn(kairos.clone(), &dir.path, &args.node_log).await {
-                    Ok(p) => {
-                        eprintln!(
-                            "kairosctl bench: node {} (pid {}) up in {} ms: gRPC {}, HTTP 127.0.0.1:{}, \
-                             log {} ({})",
-                            kairos.display(),
-                            p.pid().unwrap_or(0),
-                            t.elapsed().as_millis(),
-                            p.endpoint(),
-                            p.http_port,
-                            p.log_path.display(),
-                            p.health
-                        );
-                        Node::Spawned(Box::new(p))
-                    }
-                    Err(e) => return Err((e, dir)),
-                }
-            }
+        let run_id = format!(
+            "{:x}",
+            (workers::now_us() as u64 ^ u64::from(std::process::id()) << 40) & 0xffff_ffff_ffff
+        );
+        let (node, more) = match spawn_nodes(&args, &dir, &run_id).await {
+            Ok(n) => n,
+            Err(e) => return Err((e, dir)),
         };
         let mut env = Env {
             progress: progress::enabled(args.progress),
-            run_id: format!(
-                "{:x}",
-                (workers::now_us() as u64 ^ u64::from(std::process::id()) << 40) & 0xffff_ffff_ffff
-            ),
+            run_id,
             args,
             node,
+            more,
             clients: Vec::new(),
             dir,
             pool: None,
@@ -97,10 +79,17 @@ impl Env {
         }
     }
 
+    /// Every node's gRPC endpoint, the first node's first.
+    pub fn endpoints(&self) -> Vec<String> {
+        let mut all = vec![self.node.endpoint()];
+        all.extend(self.more.iter().map(NodeProc::endpoint));
+        all
+    }
+
     async fn connect(&mut self) -> Result<()> {
-        let endpoint = self.node.endpoint();
-        for _ in 0..self.args.connections.max(1) {
-            self.clients.push(Client::connect(&endpoint).await?);
+        let endpoints = self.endpoints();
+        for i in 0..self.args.connections.max(endpoints.len()) {
+            self.clients.push(Client::connect(&endpoints[i % endpoints.len()]).await?);
         }
         let (d, _created) = self.clients[0]
             .register_definition(DEFINITION_YAML)
@@ -125,7 +114,7 @@ impl Env {
                 a.workers,
                 a.slots,
                 a.threads,
-                &self.node.endpoint(),
+                &self.endpoints(),
                 "default",
                 &self.dir,
                 self.tracker.clone(),
@@ -138,8 +127,16 @@ impl Env {
 
     /// CPU seconds (and the node's RSS) of the node, this generator and the workers.
     pub fn sample(&self) -> Usage {
+        let node = self.more.iter().fold(self.node.sample(), |sum, n| {
+            let (s, more) = (sum?, n.sample());
+            Some(ProcSample {
+                cpu_s: s.cpu_s + more.cpu_s,
+                hwm_kib: s.hwm_kib.max(more.hwm_kib),
+                rss_kib: s.rss_kib + more.rss_kib,
+            })
+        });
         Usage {
-            node: self.node.sample(),
+            node,
             generator_cpu_s: node::sample(std::process::id()).map_or(0.0, |s| s.cpu_s),
             workers_cpu_s: self.pool.as_ref().map_or(0.0, Pool::cpu_s),
         }
@@ -177,6 +174,9 @@ impl Env {
         if let Node::Spawned(n) = &self.node {
             n.check()?;
         }
+        for n in &self.more {
+            n.check()?;
+        }
         Ok(())
     }
 
@@ -188,7 +188,51 @@ impl Env {
         if let Some(n) = self.node.spawned() {
             n.kill().await;
         }
+        for n in &mut self.more {
+            n.kill().await;
+        }
     }
+}
+
+/// The node as given (`--endpoint`), or the spawned nodes: the first, and the others.
+async fn spawn_nodes(args: &Args, dir: &WorkDir, run_id: &str) -> Result<(Node, Vec<NodeProc>)> {
+    if let Some(endpoint) = args.endpoint.clone() {
+        return Ok((Node::External { endpoint, pid: args.node_pid }, Vec::new()));
+    }
+    let kairos = node::find_kairos(args.kairos.as_deref())?;
+    let mut extra = Vec::new();
+    if let Some(url) = &args.postgres_url {
+        extra.extend(["--backend", "postgres", "--postgres-url", url].map(String::from));
+        extra.extend(["--postgres-schema".to_string(), format!("bench_{run_id}")]);
+    }
+    extra.extend(args.node_arg.iter().cloned());
+    let mut spawned = Vec::new();
+    for i in 0..args.nodes {
+        let t = Instant::now();
+        let p = NodeProc::spawn(kairos.clone(), &dir.path, &args.node_log, i, extra.clone()).await;
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                for mut n in spawned {
+                    NodeProc::kill(&mut n).await;
+                }
+                return Err(e);
+            }
+        };
+        eprintln!(
+            "kairosctl bench: node {} (pid {}) up in {} ms: gRPC {}, HTTP 127.0.0.1:{}, log {} ({})",
+            kairos.display(),
+            p.pid().unwrap_or(0),
+            t.elapsed().as_millis(),
+            p.endpoint(),
+            p.http_port,
+            p.log_path.display(),
+            p.health
+        );
+        spawned.push(p);
+    }
+    let first = spawned.remove(0);
+    Ok((Node::Spawned(Box::new(first)), spawned))
 }
 
 /// CPU seconds of the processes of a run at one moment.

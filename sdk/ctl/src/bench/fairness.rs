@@ -125,7 +125,7 @@ fn rows(r: &mut Report, label: &str, o: &Outcome, late: u64) {
 
 pub async fn run(env: &mut Env) -> Result<Report> {
     let a = env.args.clone();
-    let endpoint = env.node.endpoint();
+    let endpoint = env.endpoints();
     let flood_client: Vec<Client> =
         env.clients.iter().map(|c| c.clone().with_namespace(FLOOD)).collect();
     let b = env.client().clone().with_namespace(TRICKLE);

@@ -118,6 +118,13 @@ async fn run(args: Args) -> i32 {
     };
     env.shutdown().await;
     let report = match result {
+        Ok(mut r) if env.args.endpoint.is_none() => {
+            // Where the nodes kept their data, and how many there were.
+            let store = if env.args.postgres_url.is_some() { "postgres" } else { "embedded" };
+            r.set("store", store);
+            r.set("nodes", env.args.nodes as u64);
+            r
+        }
         Ok(r) => r,
         Err(e) => {
             eprintln!("kairosctl bench {}: {e:#}", env.args.scenario.name());

@@ -162,6 +162,10 @@ pub struct NodeProc {
     data_dir: PathBuf,
     dir: PathBuf,
     log_level: String,
+    /// Which spawned node this is (0 for the first).
+    index: usize,
+    /// More flags (`--node-arg`, the postgres settings).
+    extra: Vec<String>,
     pub http_port: u16,
     pub grpc_port: u16,
     child: Option<Child>,
@@ -177,13 +181,23 @@ pub struct NodeProc {
 }
 
 impl NodeProc {
-    /// Spawns `kairos dev` on a fresh data dir in `dir` and free ports; waits for `/healthz`.
-    pub async fn spawn(kairos: PathBuf, dir: &Path, log_level: &str) -> Result<NodeProc> {
+    /// Spawns node `index` (`kairos dev` with `extra` flags) on a fresh data dir in `dir`
+    /// (`data`, then `data-1`, `data-2`, …) and free ports; waits for `/healthz`.
+    pub async fn spawn(
+        kairos: PathBuf,
+        dir: &Path,
+        log_level: &str,
+        index: usize,
+        extra: Vec<String>,
+    ) -> Result<NodeProc> {
+        let data = if index == 0 { "data".to_string() } else { format!("data-{index}") };
         let mut node = NodeProc {
             kairos,
-            data_dir: dir.join("data"),
+            data_dir: dir.join(data),
             dir: dir.to_path_buf(),
             log_level: log_level.to_string(),
+            index,
+            extra,
             http_port: free_port()?,
             grpc_port: free_port()?,
             child: None,
@@ -210,7 +224,10 @@ impl NodeProc {
     /// Starts the process (again) and waits until `/healthz` answers 200 (at most 60 s).
     pub async fn start(&mut self) -> Result<Duration> {
         let t = Instant::now();
-        let log_name = format!("node-{}.log", self.starts);
+        let log_name = match self.index {
+            0 => format!("node-{}.log", self.starts),
+            i => format!("node{i}-{}.log", self.starts),
+        };
         self.starts += 1;
         let log = std::fs::File::create(self.dir.join(&log_name))
             .with_context(|| format!("creating {}", self.dir.join(&log_name).display()))?;
@@ -222,6 +239,7 @@ impl NodeProc {
             .args(["--listen-http", &format!("127.0.0.1:{}", self.http_port)])
             .args(["--listen-grpc", &format!("127.0.0.1:{}", self.grpc_port)])
             .args(["--log", &self.log_level])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -131,14 +131,14 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Spawns `n` workers of `slots` each against `endpoint`, serving `namespace`; waits until
-    /// each has connected.
+    /// Spawns `n` workers of `slots` each, worker `i` against `endpoints[i mod len]`, serving
+    /// `namespace`; waits until each has connected.
     #[allow(clippy::too_many_arguments)]
     pub async fn spawn(
         n: usize,
         slots: usize,
         threads: usize,
-        endpoint: &str,
+        endpoints: &[String],
         namespace: &str,
         dir: &WorkDir,
         tracker: Shared,
@@ -154,6 +154,7 @@ impl Pool {
         for i in 0..n {
             let (log, path) = dir.log(&format!("worker-{namespace}-{i}.log"))?;
             let id = format!("bench-w{i}-{namespace}-{}", std::process::id());
+            let endpoint = &endpoints[i % endpoints.len()];
             let mut child = Command::new(&exe)
                 .args(["bench", "worker", "--endpoint", endpoint, "--queue", QUEUE])
                 .args(["--namespace", namespace])

@@ -215,8 +215,12 @@ impl Scheduler {
         out: &mut ClaimOutcome,
     ) -> Result<Receipt> {
         let is_ready = |e: &Execution| e.status == ExecutionStatus::Ready as i32;
-        let shards: BTreeSet<u32> =
-            picked.iter().filter_map(|(_, e)| e.as_ref()).filter(|e| is_ready(e)).map(|e| e.shard).collect();
+        let shards: BTreeSet<u32> = picked
+            .iter()
+            .filter_map(|(_, e)| e.as_ref())
+            .filter(|e| is_ready(e))
+            .map(|e| e.shard)
+            .collect();
         let wms = self.watermarks(tx, shards).await?;
         let mut filler = SlotFiller::new(slots);
         let mut taken = Receipt::new();

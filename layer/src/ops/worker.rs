@@ -342,7 +342,8 @@ impl Scheduler {
         let mut out = Vec::with_capacity(beats.len());
         while out.len() < beats.len() {
             let rest = &beats[out.len()..];
-            let part = self.db.run(|tx| async move { self.beats_in(&tx, rest, now_ms).await }).await?;
+            let part =
+                self.db.run(|tx| async move { self.beats_in(&tx, rest, now_ms).await }).await?;
             assert!(!part.is_empty(), "a transaction takes at least one heartbeat");
             out.extend(part);
         }
@@ -431,12 +432,32 @@ impl Scheduler {
                 out.extend(rest.iter().map(|r| Err(r.clone().err().expect("all failed"))));
                 break;
             }
-            let part =
-                self.db.run(|tx| async move { self.reports_in(&tx, rest, now_ms).await }).await?;
+            let part = self.reports_isolated(rest, now_ms).await?;
             assert!(!part.is_empty(), "a transaction takes at least one result");
             out.extend(part);
         }
         Ok(out)
+    }
+
+    /// Applies the first of `rest` that fit one transaction. When the store refuses that
+    /// transaction for its size (one result it could not hold, whatever the checks let
+    /// through), the first half is applied without the second, and so on down to the one
+    /// result at fault: it alone fails, naming it, and the others go through.
+    async fn reports_isolated(
+        &self,
+        rest: &[Result<Report>],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Execution>>> {
+        match self.db.run(|tx| async move { self.reports_in(&tx, rest, now_ms).await }).await {
+            Err(Error::Kv(k)) if is_size_error(&k) => {
+                if rest.len() == 1 {
+                    let reason = format!("is too large to store: {k}");
+                    return Ok(vec![Err(invalid("result", reason))]);
+                }
+                Box::pin(self.reports_isolated(&rest[..rest.len() / 2], now_ms)).await
+            }
+            r => r,
+        }
     }
 
     /// Applies the first of `checked` that fit one transaction; a result for each, in order.
@@ -563,4 +584,10 @@ impl Scheduler {
         );
         Ok(())
     }
+}
+
+/// Whether the store refused a transaction for its size or one of its keys' or values'.
+fn is_size_error(e: &crate::kv::Error) -> bool {
+    use crate::kv::Error as E;
+    matches!(e, E::TransactionTooLarge { .. } | E::KeyTooLarge { .. } | E::ValueTooLarge { .. })
 }

@@ -17,6 +17,7 @@ use super::budget;
 use super::error::{Error, Result, invalid};
 use super::records::{load_execution, running_attempt};
 use super::validate::{check_lease_ms, check_name};
+use crate::kv::Watch;
 use crate::kv::{KeyValue, Transaction};
 use crate::limits::{CLAIM_BATCH_MAX, CLAIM_EXECUTIONS_MAX, CLAIM_SCAN_MAX};
 
@@ -268,6 +269,30 @@ impl Scheduler {
         let heads = futures_util::future::try_join_all(reads).await?;
         let full = heads.iter().any(|h| h.len() >= per);
         Ok((heads.into_iter().flatten().collect(), full))
+    }
+
+    /// Watches a queue's ready signals (every partition) in a transaction that also reads
+    /// whether any partition holds ready work: `None` if one does (claim now), else the
+    /// watches. Work made ready after an empty claim and before the watches are set is seen by
+    /// that read; work made ready after it changes a watched signal: no wake-up is lost.
+    pub async fn watch_ready(&self, ns: &str, queue: &str) -> Result<Option<Vec<Watch>>> {
+        let parts = self.config.ready_partitions.max(1);
+        let tx = self.db.begin()?;
+        let mut watches = Vec::with_capacity(parts as usize);
+        for p in 0..parts {
+            watches.push(tx.watch(&self.ks.ready_signal(ns, queue, p))?);
+        }
+        let reads = (0..parts).map(|p| {
+            let range = self.ks.ready_queue(ns, queue, p).limit(1);
+            let tx = &tx;
+            async move { tx.get_range(&range, true).await }
+        });
+        let heads = futures_util::future::try_join_all(reads).await?;
+        if heads.iter().any(|h| !h.is_empty()) {
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some(watches))
     }
 
     /// Up to `n` entries of `head`, in order: each partition's oldest first, the partitions

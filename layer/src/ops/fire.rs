@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use super::Scheduler;
 use super::budget;
-use super::claim::{ClaimSlot, Claimed, Receipt, SlotFiller, load_receipt};
+use super::claim::{ClaimSlot, Claimed, RECEIPT_KEEP_MS, Receipt, SlotFiller, load_receipt};
 use super::error::{Error, Result};
 use super::leases::check_epoch;
 use super::records::{decode, encode, load_execution, watermark};
@@ -152,6 +152,10 @@ impl Scheduler {
                 }
                 if !taken.is_empty() {
                     tx.set(receipt, &crate::tuple::pack(&taken))?;
+                    // A fire that leaves a receipt clears the expired ones, as a claim does: a
+                    // node whose fires meet waiting workers may never claim.
+                    let expired = self.ks.claim_receipts_before(now_ms - RECEIPT_KEEP_MS);
+                    tx.clear_range(&expired.begin, &expired.end)?;
                 }
                 if out.watermark != wm {
                     assert!(out.watermark > wm, "a watermark only rises");

@@ -137,7 +137,7 @@ impl Scheduler {
             .filter_map(|kv| self.ks.parse_by_status(&kv.key).ok().map(|t| t.3))
             .collect();
         // Read with a conflict: a concurrent replay and this delete never both commit.
-        let loads = ids.iter().map(|id| tx.get(&self.ks.execution(ns, id)));
+        let loads = ids.iter().map(|id| async move { tx.get(&self.ks.execution(ns, id)).await });
         let found = futures_util::future::try_join_all(loads).await?;
         let mut deleted = 0;
         for v in found.into_iter().flatten() {

@@ -15,6 +15,13 @@ pub const CRON_ROUNDS_IN_FLIGHT_MAX: usize = 16;
 pub const AUTH_CACHE_KEYS_MAX: usize = 10_000;
 /// Definition versions the gRPC API caches at most (versions are immutable, so the cache is never stale).
 pub const DEFINITION_CACHE_MAX: usize = 1_024;
+/// Largest message the node sends a worker on a `Work` stream: the tasks it hands out are
+/// chunked to it (a task alone may pass it). A quarter of gRPC's default 4 MiB decode limit, so
+/// any client takes them, whatever their inputs.
+pub const WORK_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
+/// Most tasks one `Poll` reply carries (asked for more, it hands out this many): 64 tasks with
+/// 32 KiB inputs stay inside gRPC's default 4 MiB decode limit.
+pub const POLL_TASKS_MAX: usize = 64;
 /// Largest HTTP request body accepted.
 pub const HTTP_BODY_BYTES_MAX: usize = 256 * 1024;
 /// Longest error message sent (whatever a client sent, its error stays small enough for any

@@ -28,6 +28,8 @@ pub const CLAIM_EXECUTIONS_MAX: usize = CLAIM_SCAN_MAX;
 pub const FIRE_BATCH_MAX: usize = 1_000;
 /// Most buckets one `fire_due` walks past (empty ones) before returning.
 pub const FIRE_BUCKETS_PER_CALL_MAX: i64 = 1_440;
+/// Most bucket reads one `fire_due` issues at once (its waves grow from 1 to this).
+pub const FIRE_BUCKET_READS_CONCURRENT_MAX: i64 = 64;
 /// Most executions a list page returns.
 pub const LIST_PAGE_MAX: usize = 1_000;
 /// Shortest and longest attempt lease, in milliseconds.
@@ -92,7 +94,27 @@ const _: () = assert!(CRON_MATERIALIZE_PER_ROUND_MAX <= CRON_QUEUE_MAX);
 const _: () = assert!(CRON_CHECK_INTERVAL_MIN_MS < CRON_CHECK_INTERVAL_MAX_MS);
 const _: () = assert!(CRON_CATCH_UP_WINDOW_MAX_MS < EXECUTE_AT_FUTURE_MAX_MS);
 
-// Batches: items one call (one transaction) takes.
+// Batches: items one call (one transaction) takes. Every batch is also bounded by bytes: it
+// takes items while its transaction stays within the budget below, and leaves the rest for the
+// next transaction (a batch that would be too large is split, never retried whole).
+/// The most one transaction of a batch writes (mutations and conflict ranges, as
+/// [`crate::kv::limits::TRANSACTION_BYTES_MAX`] counts them): half of FoundationDB's limit, so a
+/// batch never meets `transaction_too_large` whatever its items hold.
+pub const TRANSACTION_BUDGET_BYTES: usize = 5_000_000;
+/// What one item of a batch writes besides its execution record and its result (keys, index
+/// entries, a timer, an attempt record without its error, conflict ranges), at most.
+pub const ITEM_OVERHEAD_BYTES: usize = 4 * 1024;
+/// The most one item of a batch writes: an execution record at its largest, rewritten with
+/// its result, plus the overhead. Any single item fits a transaction, far inside the budget.
+pub const ITEM_BYTES_MAX: usize =
+    crate::kv::limits::VALUE_BYTES_MAX + ERROR_BYTES_MAX + ITEM_OVERHEAD_BYTES;
+/// Longest error code a worker reports, in bytes (refused beyond: a code is an identifier).
+pub const ERROR_CODE_BYTES_MAX: usize = 256;
+/// What an error (message and code) takes at most once kept.
+pub const ERROR_BYTES_MAX: usize = ERROR_MESSAGE_BYTES_MAX + ERROR_CODE_BYTES_MAX;
+
+const _: () = assert!(TRANSACTION_BUDGET_BYTES * 2 <= crate::kv::limits::TRANSACTION_BYTES_MAX);
+const _: () = assert!(ITEM_BYTES_MAX * 8 < TRANSACTION_BUDGET_BYTES);
 /// Most requests one `submit_batch` call takes.
 pub const SUBMIT_BATCH_MAX: usize = 1_000;
 /// Most results one `report_many` takes.

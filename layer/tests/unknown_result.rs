@@ -86,6 +86,9 @@ impl KvTransaction for UnknownTxn {
     fn watch(&self, key: &[u8]) -> Result<Watch> {
         self.inner.watch(key)
     }
+    fn approximate_size(&self) -> usize {
+        self.inner.approximate_size()
+    }
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>> {
         Box::pin(async move {
             if !self.armed.swap(false, Ordering::SeqCst) {

@@ -11,6 +11,8 @@ use kairos_proto::v1::*;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::limits::DECODE_BYTES_MAX;
+
 mod access;
 mod cron;
 
@@ -156,11 +158,11 @@ impl Client {
     }
 
     pub(crate) fn executions(&self) -> ExecutionServiceClient<Service> {
-        ExecutionServiceClient::new(self.service())
+        ExecutionServiceClient::new(self.service()).max_decoding_message_size(DECODE_BYTES_MAX)
     }
 
     pub(crate) fn workers(&self) -> WorkerServiceClient<Service> {
-        WorkerServiceClient::new(self.service())
+        WorkerServiceClient::new(self.service()).max_decoding_message_size(DECODE_BYTES_MAX)
     }
 
     fn definitions(&self) -> DefinitionServiceClient<Service> {

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::Error;
+use crate::limits::{RESULTS_MESSAGE_BYTES_MAX, RESULTS_PER_MESSAGE_MAX};
 
 /// A claimed execution handed to a handler.
 #[derive(Debug, Clone)]
@@ -189,12 +190,11 @@ impl Worker {
                 credits: u32::try_from(credits).unwrap_or(u32::MAX),
                 lease_ms: this.lease_ms,
             };
-            let first = WorkRequest {
-                open: Some(open),
-                results: unacked.values().cloned().collect(),
-                ..WorkRequest::default()
-            };
-            let _ = out_tx.try_send(first);
+            // Unacknowledged results go again, chunked after the opening message.
+            let _ = out_tx.try_send(WorkRequest { open: Some(open), ..WorkRequest::default() });
+            for results in chunks(unacked.values().cloned().collect()) {
+                let _ = out_tx.try_send(WorkRequest { results, ..WorkRequest::default() });
+            }
             let stream = tokio_stream_of(out_rx);
             let mut workers = this.client.workers();
             let opened = tokio::time::timeout(Duration::from_secs(10), workers.work(stream)).await;
@@ -251,9 +251,13 @@ impl Worker {
                             running.remove(&r.execution_id);
                             unacked.insert(r.execution_id.clone(), r.clone());
                         }
-                        let credits = if stopping { 0 } else { results.len() as u32 };
-                        let m = WorkRequest { credits, results, ..WorkRequest::default() };
-                        if out_tx.send(m).await.is_err() {
+                        let mut failed = false;
+                        for results in chunks(results) {
+                            let credits = if stopping { 0 } else { results.len() as u32 };
+                            let m = WorkRequest { credits, results, ..WorkRequest::default() };
+                            failed |= out_tx.send(m).await.is_err();
+                        }
+                        if failed {
                             break true;
                         }
                     }
@@ -379,4 +383,28 @@ fn tokio_stream_of(
     rx: mpsc::Receiver<WorkRequest>,
 ) -> impl tonic::codegen::tokio_stream::Stream<Item = WorkRequest> + Send + 'static {
     tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Results split into messages of at most [`RESULTS_PER_MESSAGE_MAX`] results and
+/// [`RESULTS_MESSAGE_BYTES_MAX`] bytes (a result alone may pass it), in order.
+fn chunks(results: Vec<TaskResult>) -> Vec<Vec<TaskResult>> {
+    let mut out: Vec<Vec<TaskResult>> = Vec::new();
+    let mut bytes = 0;
+    for r in results {
+        let size = prost::Message::encoded_len(&r) + 8;
+        match out.last_mut() {
+            Some(last)
+                if last.len() < RESULTS_PER_MESSAGE_MAX
+                    && bytes + size <= RESULTS_MESSAGE_BYTES_MAX =>
+            {
+                bytes += size;
+                last.push(r);
+            }
+            _ => {
+                bytes = size;
+                out.push(vec![r]);
+            }
+        }
+    }
+    out
 }

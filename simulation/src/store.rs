@@ -142,6 +142,9 @@ impl KvTransaction for GatedTxn {
     fn watch(&self, key: &[u8]) -> Result<Watch> {
         self.inner.watch(key)
     }
+    fn approximate_size(&self) -> usize {
+        self.inner.approximate_size()
+    }
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>> {
         Box::pin(async move {
             let delay = self.node.commit_delay_ms.load(Ordering::SeqCst);

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kairos_layer::limits::SWEEP_BATCH_MAX;
+use kairos_layer::ops::retention::SweepCursor;
 
 use crate::runtime::context::Ctx;
 
@@ -27,37 +28,43 @@ pub async fn sweep(ctx: &Ctx) -> u64 {
         }
     };
     let now = ctx.clock.now().as_millis();
+    // One batch per namespace in turn (fair: a namespace with much to delete does not hold
+    // the others up), each going on from its cursor until it reaches the end of its index.
+    let mut work: Vec<(String, i64, SweepCursor)> = namespaces
+        .into_iter()
+        .filter_map(|ns| {
+            let days = ctx.config.namespace_retention_days.get(&ns).copied();
+            let days = days.unwrap_or(ctx.config.retention_days);
+            // 0: kept forever.
+            (days != 0).then(|| (ns, now.saturating_sub(i64::from(days) * DAY_MS)))
+        })
+        .map(|(ns, before)| (ns, before, SweepCursor::default()))
+        .collect();
     let mut deleted = 0;
-    for ns in namespaces {
-        let days = ctx
-            .config
-            .namespace_retention_days
-            .get(&ns)
-            .copied()
-            .unwrap_or(ctx.config.retention_days);
-        if days == 0 {
-            continue; // kept forever
-        }
-        let before = now.saturating_sub(i64::from(days) * DAY_MS);
-        loop {
-            match ctx.sched.sweep_terminal(&ns, before, SWEEP_BATCH_MAX).await {
+    while !work.is_empty() {
+        let mut next = Vec::new();
+        for (ns, before, cursor) in work {
+            match ctx.sched.sweep_terminal_from(&ns, before, SWEEP_BATCH_MAX, &cursor).await {
                 Ok(s) => {
                     deleted += s.deleted;
                     ctx.metrics.retention_deleted.fetch_add(s.deleted, Ordering::Relaxed);
-                    if !s.more {
-                        break;
+                    if s.more {
+                        next.push((ns, before, s.cursor));
                     }
                 }
                 Err(e) => {
                     tracing::warn!(namespace = %ns, error = %e, "retention sweep failed; next round retries");
-                    break;
                 }
             }
             ctx.clock.sleep(BETWEEN_BATCHES).await;
         }
+        work = next;
     }
     if deleted > 0 {
         tracing::info!(deleted, "retention: terminal executions past their retention deleted");
+    }
+    if let Err(e) = ctx.sched.sweep_receipts(now).await {
+        tracing::warn!(error = %e, "retention: clearing expired claim receipts failed; next round retries");
     }
     sweep_audit(ctx, now).await;
     deleted

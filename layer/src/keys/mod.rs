@@ -374,7 +374,12 @@ impl Keyspace {
         self.key(Tag::ClaimReceipt, (claimed_at_ms, claim_id))
     }
 
-    /// Claim receipts older than `before_ms` (any claimer clears them).
+    /// When a claim receipt was written.
+    pub fn parse_claim_receipt(&self, key: &[u8]) -> Result<i64, KeyError> {
+        self.unpack::<(i64, u64)>(Tag::ClaimReceipt, key).map(|(at, _)| at)
+    }
+
+    /// Claim receipts older than `before_ms` (claims and fires clear them, and retention).
     pub fn claim_receipts_before(&self, before_ms: i64) -> RangeOption {
         let all = self.subspace_range(Tag::ClaimReceipt);
         RangeOption::new(all.begin, self.key(Tag::ClaimReceipt, before_ms))

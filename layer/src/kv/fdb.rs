@@ -598,6 +598,10 @@ impl KvTransaction for FdbTransaction {
         })))
     }
 
+    fn approximate_size(&self) -> usize {
+        self.lock().size_bytes
+    }
+
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>> {
         Box::pin(async move {
             let (trx, size, wrote) = {

@@ -220,6 +220,10 @@ pub trait KvTransaction: Send + Sync {
     fn watch(&self, key: &[u8]) -> Result<Watch>;
     /// Commits.
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>>;
+    /// The transaction's size so far as [`limits::TRANSACTION_BYTES_MAX`] counts it
+    /// (mutations and conflict ranges; FoundationDB's `get_approximate_size`): batches stop
+    /// taking items before it passes their budget.
+    fn approximate_size(&self) -> usize;
     /// The backend's own handling of a retryable `error` this transaction failed with
     /// (FoundationDB's `on_error`: its back-off for conflicts, `future_version`,
     /// `process_behind`, throttling). `None` when the backend has none: the retry loop then
@@ -370,6 +374,10 @@ impl Transaction {
     /// Commits the transaction.
     pub async fn commit(&self) -> Result<CommitInfo> {
         self.inner.commit().await
+    }
+    /// The size so far; see [`KvTransaction::approximate_size`].
+    pub fn approximate_size(&self) -> usize {
+        self.inner.approximate_size()
     }
     /// The backend's own back-off after `error`; see [`KvTransaction::on_error`].
     pub(crate) fn on_error<'a>(&'a self, error: &'a Error) -> Option<BoxFuture<'a, Result<()>>> {

@@ -16,6 +16,7 @@ use kairos_proto::storage::v1::{
 };
 use prost::Message;
 
+use super::claim::RECEIPT_KEEP_MS;
 use super::error::Result;
 use crate::keys::{Keyspace, Tag};
 use crate::kv::limits::key_after;
@@ -24,6 +25,8 @@ use crate::state::status_name;
 
 /// Keys read per transaction.
 pub const CHECK_PAGE: usize = 2_000;
+/// A claim receipt this much older than the newest was never cleared.
+const RECEIPT_STALE_MS: i64 = 10 * RECEIPT_KEEP_MS;
 /// Findings kept in a report (the count goes on).
 pub const FINDINGS_KEPT: usize = 1_000;
 
@@ -96,6 +99,7 @@ pub async fn check_records(
         }
     }
     scan.check_references();
+    scan.check_receipts();
     // Index entries, checked against the executions they name.
     if scan.report.per_subspace.keys().any(|s| s.starts_with("By")) {
         check_indexes(db, ks, &scan.r.executions, &scan.r.unreadable, &mut scan.report).await?;
@@ -114,6 +118,18 @@ struct Scan {
     needed: Vec<(Vec<u8>, String)>,
     present: HashSet<Vec<u8>>,
     ready_partitions: u32,
+    /// Claim receipts by when they were written (in key order), at most the newest:
+    /// `(first key, its time, count)` of those well before the newest, and the newest time.
+    receipts: Receipts,
+}
+
+/// What the scan saw of the claim receipts: they are cleared once older than
+/// [`RECEIPT_KEEP_MS`], by every claim and every fire that writes one, and by retention.
+#[derive(Default)]
+struct Receipts {
+    /// Time and key of each receipt seen, oldest first, up to the first [`CHECK_PAGE`].
+    oldest: Vec<(i64, Vec<u8>)>,
+    newest_ms: Option<i64>,
 }
 
 impl Scan {
@@ -131,6 +147,9 @@ impl Scan {
         }
         if matches!(tag, Tag::Ready | Tag::Timer) {
             self.present.insert(key.to_vec());
+        }
+        if tag == Tag::ClaimReceipt {
+            self.receipt(ks, key, value);
         }
         if tag == Tag::Cluster
             && let Ok(c) = ClusterConfig::decode(value)
@@ -167,6 +186,37 @@ impl Scan {
     }
 
     /// Status counts against the executions read.
+    /// A claim receipt: a list of attempts, remembered by its time.
+    fn receipt(&mut self, ks: &Keyspace, key: &[u8], value: &[u8]) {
+        if crate::tuple::unpack::<super::claim::Receipt>(value).is_err() {
+            self.report.found(key, "a claim receipt that is not a list of attempts");
+        }
+        let Ok(at) = ks.parse_claim_receipt(key) else { return };
+        let r = &mut self.receipts;
+        if r.oldest.len() < CHECK_PAGE {
+            r.oldest.push((at, key.to_vec()));
+        }
+        r.newest_ms = Some(r.newest_ms.map_or(at, |n| n.max(at)));
+    }
+
+    /// Receipts kept long past their time (more than [`RECEIPT_STALE_MS`] before the newest:
+    /// any clock skew between nodes is far less) were never cleared.
+    fn check_receipts(&mut self) {
+        let Some(newest) = self.receipts.newest_ms else { return };
+        let oldest = std::mem::take(&mut self.receipts.oldest);
+        let stale: Vec<&(i64, Vec<u8>)> =
+            oldest.iter().filter(|(at, _)| *at < newest - RECEIPT_STALE_MS).collect();
+        if let Some((at, key)) = stale.first() {
+            let problem = format!(
+                "{} claim receipt(s) kept {} s or more before the newest (they are cleared after {} s)",
+                stale.len(),
+                (newest - at) / 1_000,
+                RECEIPT_KEEP_MS / 1_000
+            );
+            self.report.found(key, problem);
+        }
+    }
+
     fn check_counts(&mut self, ks: &Keyspace) {
         let mut actual: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for ((ns, _), e) in &self.r.executions {

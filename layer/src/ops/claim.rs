@@ -13,9 +13,11 @@ use std::collections::BTreeSet;
 use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
 
 use super::Scheduler;
+use super::budget;
 use super::error::{Error, Result, invalid};
 use super::records::{load_execution, running_attempt};
 use super::validate::{check_lease_ms, check_name};
+use crate::kv::Watch;
 use crate::kv::{KeyValue, Transaction};
 use crate::limits::{CLAIM_BATCH_MAX, CLAIM_EXECUTIONS_MAX, CLAIM_SCAN_MAX};
 
@@ -37,6 +39,9 @@ impl Claimed {
         Claimed { execution, attempt }
     }
 }
+
+/// A ready entry a claim picked, and its execution (`None`: gone).
+type Picked = (KeyValue, Option<Execution>);
 
 /// How long receipts are kept (a retried claim or fire comes back within seconds).
 pub(crate) const RECEIPT_KEEP_MS: i64 = 60_000;
@@ -166,18 +171,17 @@ impl Scheduler {
                 }
                 let expired = self.ks.claim_receipts_before(now_ms - RECEIPT_KEEP_MS);
                 tx.clear_range(&expired.begin, &expired.end)?;
-                let (ready, more) = self.take_ready(&tx, ns, queue, parts, start, total).await?;
+                let (picked, more) = self.take_ready(&tx, ns, queue, parts, start, total).await?;
                 out.more = more;
-                let taken = self.start_claimed(&tx, ready, slots, now_ms, &mut out).await?;
+                let taken = self.start_claimed(&tx, picked, slots, now_ms, &mut out).await?;
                 tx.set(receipt, &crate::tuple::pack(&taken))?;
                 Ok(out)
             })
             .await
     }
 
-    /// Takes up to `total` entries of the queue's ready partitions (clearing them, each with
-    /// a read conflict) and loads their executions: those still READY, and whether the queue
-    /// may hold more.
+    /// Picks up to `total` entries of the queue's ready partitions and loads their executions
+    /// (nothing cleared yet); `true` if the queue may hold more.
     async fn take_ready(
         &self,
         tx: &Transaction,
@@ -186,44 +190,54 @@ impl Scheduler {
         parts: u32,
         start: u32,
         total: usize,
-    ) -> Result<(Vec<Execution>, bool)> {
+    ) -> Result<(Vec<Picked>, bool)> {
         let (head, full) = self.ready_heads(tx, ns, queue, parts, start, total).await?;
         let picked = self.pick(&head, total);
         let more = full || picked.len() < head.len();
-        for kv in &picked {
-            tx.add_read_conflict_key(&kv.key)?;
-            tx.clear(&kv.key)?;
-        }
         let ids: Vec<String> = picked
             .iter()
             .map(|kv| self.ks.parse_ready(&kv.key).map(|r| r.execution_id))
             .collect::<std::result::Result<_, _>>()?;
         let loads = ids.iter().map(|id| load_execution(tx, &self.ks, ns, id));
         let found = futures_util::future::try_join_all(loads).await?;
-        let ready = found
-            .into_iter()
-            .flatten() // a stale entry (execution gone): cleared above
-            .filter(|e| e.status == ExecutionStatus::Ready as i32)
-            .collect();
-        Ok((ready, more))
+        Ok((picked.into_iter().zip(found).collect(), more))
     }
 
-    /// Starts an attempt for each of `ready` in slot order; returns the receipt of what it
-    /// started.
+    /// Starts an attempt for each picked execution still READY, in slot order, while the
+    /// transaction has room (each taken entry cleared with a read conflict; a stale one — its
+    /// execution gone or no longer READY — just cleared); an entry left for lack of room stays
+    /// for the next claim (`out.more`). Returns the receipt of what it started.
     async fn start_claimed(
         &self,
         tx: &Transaction,
-        ready: Vec<Execution>,
+        picked: Vec<Picked>,
         slots: &[ClaimSlot],
         now_ms: i64,
         out: &mut ClaimOutcome,
     ) -> Result<Receipt> {
-        let shards: BTreeSet<u32> = ready.iter().map(|e| e.shard).collect();
+        let is_ready = |e: &Execution| e.status == ExecutionStatus::Ready as i32;
+        let shards: BTreeSet<u32> = picked
+            .iter()
+            .filter_map(|(_, e)| e.as_ref())
+            .filter(|e| is_ready(e))
+            .map(|e| e.shard)
+            .collect();
         let wms = self.watermarks(tx, shards).await?;
         let mut filler = SlotFiller::new(slots);
         let mut taken = Receipt::new();
-        for mut e in ready {
+        for (kv, e) in picked {
+            let Some(mut e) = e.filter(is_ready) else {
+                tx.add_read_conflict_key(&kv.key)?;
+                tx.clear(&kv.key)?; // a stale entry
+                continue;
+            };
+            if !budget::has_room(tx, taken.len(), budget::execution_bytes(&e)) {
+                out.more = true;
+                break;
+            }
             let Some((i, slot)) = filler.take() else { break };
+            tx.add_read_conflict_key(&kv.key)?;
+            tx.clear(&kv.key)?;
             let (stored, wm) = (e.status, wms[&e.shard]);
             self.start_attempt(tx, &mut e, stored, slot, now_ms, wm)?;
             taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
@@ -255,6 +269,30 @@ impl Scheduler {
         let heads = futures_util::future::try_join_all(reads).await?;
         let full = heads.iter().any(|h| h.len() >= per);
         Ok((heads.into_iter().flatten().collect(), full))
+    }
+
+    /// Watches a queue's ready signals (every partition) in a transaction that also reads
+    /// whether any partition holds ready work: `None` if one does (claim now), else the
+    /// watches. Work made ready after an empty claim and before the watches are set is seen by
+    /// that read; work made ready after it changes a watched signal: no wake-up is lost.
+    pub async fn watch_ready(&self, ns: &str, queue: &str) -> Result<Option<Vec<Watch>>> {
+        let parts = self.config.ready_partitions.max(1);
+        let tx = self.db.begin()?;
+        let mut watches = Vec::with_capacity(parts as usize);
+        for p in 0..parts {
+            watches.push(tx.watch(&self.ks.ready_signal(ns, queue, p))?);
+        }
+        let reads = (0..parts).map(|p| {
+            let range = self.ks.ready_queue(ns, queue, p).limit(1);
+            let tx = &tx;
+            async move { tx.get_range(&range, true).await }
+        });
+        let heads = futures_util::future::try_join_all(reads).await?;
+        if heads.iter().any(|h| !h.is_empty()) {
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some(watches))
     }
 
     /// Up to `n` entries of `head`, in order: each partition's oldest first, the partitions

@@ -12,8 +12,11 @@ use kairos_proto::storage::v1::{
     Execution, ExecutionError, ExecutionStatus, QuarantineRecord, TimerEntry, TimerKind,
 };
 
+use bytes::Bytes;
+
 use super::Scheduler;
-use super::claim::{ClaimSlot, Claimed, Receipt, SlotFiller, load_receipt};
+use super::budget;
+use super::claim::{ClaimSlot, Claimed, RECEIPT_KEEP_MS, Receipt, SlotFiller, load_receipt};
 use super::error::{Error, Result};
 use super::leases::check_epoch;
 use super::records::{decode, encode, load_execution, watermark};
@@ -22,7 +25,7 @@ use crate::ids::bucket_of;
 use crate::keys::{Space, TimerKey};
 use crate::kv::{KeyValue, Transaction};
 use crate::limits::RELEASES_UNCOUNTED_MAX;
-use crate::limits::{FIRE_BATCH_MAX, FIRE_BUCKETS_PER_CALL_MAX};
+use crate::limits::{FIRE_BATCH_MAX, FIRE_BUCKET_READS_CONCURRENT_MAX, FIRE_BUCKETS_PER_CALL_MAX};
 use crate::state::{AttemptEvent, ExecutionEvent, execution_transition};
 
 /// Waiting workers a fire may start executions for, per `(namespace, queue)`: a plain value
@@ -137,7 +140,10 @@ impl Scheduler {
                 .await?;
                 let () = owner;
                 let (rows, mut out) = self.due_rows(&tx, shard, wm, now_ms, limit).await?;
-                let steps = self.steps(&tx, rows).await?;
+                let keys: Vec<(i64, Bytes)> =
+                    rows.iter().map(|(b, kv)| (*b, kv.key.clone())).collect();
+                let steps = self.steps(&tx, rows.into_iter().map(|(_, kv)| kv).collect()).await?;
+                let steps = within_budget(&tx, &keys, steps, &mut out)?;
                 let ready = self.fire_steps(&tx, shard, steps, now_ms, wm, &mut out)?;
                 let mut taken = Receipt::new();
                 for ((ns, queue), items) in ready {
@@ -146,6 +152,10 @@ impl Scheduler {
                 }
                 if !taken.is_empty() {
                     tx.set(receipt, &crate::tuple::pack(&taken))?;
+                    // A fire that leaves a receipt clears the expired ones, as a claim does: a
+                    // node whose fires meet waiting workers may never claim.
+                    let expired = self.ks.claim_receipts_before(now_ms - RECEIPT_KEEP_MS);
+                    tx.clear_range(&expired.begin, &expired.end)?;
                 }
                 if out.watermark != wm {
                     assert!(out.watermark > wm, "a watermark only rises");
@@ -227,8 +237,10 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The due timer rows of `shard` from its watermark's bucket on, at most `limit`; the
-    /// outcome starts with the watermark the drained buckets allow.
+    /// The due timer rows of `shard` from its watermark's bucket on, at most `limit`, with the
+    /// bucket of each; the outcome starts with the watermark the drained buckets allow. The
+    /// buckets are read concurrently, in waves growing from one to
+    /// [`FIRE_BUCKET_READS_CONCURRENT_MAX`] (a full first bucket reads nothing more).
     async fn due_rows(
         &self,
         tx: &Transaction,
@@ -236,49 +248,66 @@ impl Scheduler {
         wm: i64,
         now_ms: i64,
         limit: usize,
-    ) -> Result<(Vec<KeyValue>, FireOutcome)> {
+    ) -> Result<(Vec<(i64, KeyValue)>, FireOutcome)> {
         let now_bucket = bucket_of(now_ms, self.config.bucket_width_ms);
+        let last = now_bucket.min(wm.saturating_add(FIRE_BUCKETS_PER_CALL_MAX - 1));
         let mut out = FireOutcome { watermark: wm, ..FireOutcome::default() };
         let mut rows = Vec::new();
-        let mut bucket = wm;
-        while bucket <= now_bucket {
-            if bucket - wm >= FIRE_BUCKETS_PER_CALL_MAX {
-                out.more = true;
-                break;
+        let (mut next, mut wave) = (wm, 1);
+        while next <= last {
+            let upto = last.min(next + wave - 1);
+            let scan = self.fair_scan_rows.max(limit - rows.len());
+            let reads = (next..=upto).map(|bucket| {
+                let range = self.ks.timers_due(bucket, shard, now_ms).limit(scan + 1);
+                async move { Ok::<_, Error>((bucket, tx.get_range(&range, true).await?, range)) }
+            });
+            for (bucket, got, range) in futures_util::future::try_join_all(reads).await? {
+                let done = self.take_bucket(tx, got, scan, limit, &mut rows, bucket)?;
+                if !done {
+                    out.more = true;
+                    return Ok((rows, out));
+                }
+                // Every timer of a past bucket is due (later ones land in later buckets), so a
+                // past bucket is now empty and the watermark may pass it: the whole bucket is a
+                // read conflict then (a timer written there meanwhile keeps it from passing).
+                if bucket < now_bucket {
+                    tx.add_read_conflict_range(&range.begin, &range.end)?;
+                    out.watermark = bucket + 1;
+                }
             }
-            let left = limit - rows.len();
-            // A snapshot read of up to FAIR_SCAN_ROWS due timers, of which `left` are taken,
-            // shared between namespaces; each one taken gets a read conflict.
-            let scan = self.fair_scan_rows.max(left);
-            let range = self.ks.timers_due(bucket, shard, now_ms).limit(scan + 1);
-            let mut got = tx.get_range(&range, true).await?;
-            let cut = got.len() > scan;
-            got.truncate(scan);
-            let (picked, skipped) = fair_pick(got, left, &self.fire_weights);
-            for kv in &picked {
-                tx.add_read_conflict_key(&kv.key)?;
-            }
-            rows.extend(picked);
-            if cut || skipped {
-                out.more = true;
-                break;
-            }
-            // Every timer of a past bucket is due (later ones land in later buckets), so a
-            // past bucket is now empty and the watermark may pass it: the whole bucket is a
-            // read conflict then (a timer written there meanwhile keeps it from passing).
-            if bucket < now_bucket {
-                tx.add_read_conflict_range(&range.begin, &range.end)?;
-                out.watermark = bucket + 1;
-            }
-            bucket += 1;
+            next = upto + 1;
+            wave = (wave * 2).min(FIRE_BUCKET_READS_CONCURRENT_MAX);
         }
+        out.more = last < now_bucket;
         Ok((rows, out))
     }
 
-    /// Decodes due timer rows and loads their executions (concurrently), clearing each timer.
+    /// Takes what is left of `limit` from one bucket's snapshot read of up to `scan` due timers
+    /// (shared between namespaces), each taken with a read conflict; `false` if the bucket holds
+    /// more than was taken.
+    fn take_bucket(
+        &self,
+        tx: &Transaction,
+        mut got: Vec<KeyValue>,
+        scan: usize,
+        limit: usize,
+        rows: &mut Vec<(i64, KeyValue)>,
+        bucket: i64,
+    ) -> Result<bool> {
+        let cut = got.len() > scan;
+        got.truncate(scan);
+        let (picked, skipped) = fair_pick(got, limit - rows.len(), &self.fire_weights);
+        for kv in picked {
+            tx.add_read_conflict_key(&kv.key)?;
+            rows.push((bucket, kv));
+        }
+        Ok(!cut && !skipped)
+    }
+
+    /// Decodes due timer rows and loads their executions (concurrently); the caller clears the
+    /// timers it processes.
     async fn steps(&self, tx: &Transaction, rows: Vec<KeyValue>) -> Result<Vec<Step>> {
         let loads = rows.into_iter().map(|kv| async move {
-            tx.clear(&kv.key)?;
             let quarantine = |reason: String, ns: String, id: String| {
                 Step::Quarantine(Unprocessable {
                     key: kv.key.to_vec(),
@@ -428,6 +457,7 @@ impl Scheduler {
                 .await?;
                 let () = owner;
                 let Some(v) = found else { return Ok(None) };
+                tx.clear(key)?;
                 let rows = vec![KeyValue { key: key.clone().into(), value: v }];
                 let Some(step) = self.steps(&tx, rows).await?.pop() else { return Ok(None) };
                 match step {
@@ -552,6 +582,45 @@ pub(crate) fn fair_pick(
     }
     let picked = rows.into_iter().zip(keep).filter_map(|(kv, k)| k.then_some(kv)).collect();
     (picked, true)
+}
+
+impl Step {
+    /// What processing it writes at most.
+    fn bytes(&self) -> usize {
+        match self {
+            Step::Stale => 0,
+            Step::Ready(e, _) | Step::LeaseCheck(e, _) => budget::execution_bytes(e),
+            Step::Quarantine(u) => {
+                u.key.len() + u.value.len() + u.reason.len() + crate::limits::ITEM_OVERHEAD_BYTES
+            }
+        }
+    }
+}
+
+/// Keeps the steps (in timer order, `rows` giving each one's bucket and timer key) whose writes
+/// fit the transaction's budget, clearing their timers; a timer left out stays for the next
+/// call (`more`), the watermark kept at or below its bucket.
+fn within_budget(
+    tx: &Transaction,
+    rows: &[(i64, Bytes)],
+    steps: Vec<Step>,
+    out: &mut FireOutcome,
+) -> Result<Vec<Step>> {
+    assert_eq!(rows.len(), steps.len(), "a step per timer row");
+    let mut used = tx.approximate_size();
+    let mut kept = Vec::with_capacity(steps.len());
+    for ((bucket, key), step) in rows.iter().zip(steps) {
+        let bytes = step.bytes() + key.len();
+        if !kept.is_empty() && !budget::fits(used, bytes) {
+            out.more = true;
+            out.watermark = out.watermark.min(*bucket);
+            break;
+        }
+        used += bytes;
+        tx.clear(key)?;
+        kept.push(step);
+    }
+    Ok(kept)
 }
 
 /// The event a DUE or RETRY timer applies.

@@ -20,6 +20,7 @@
 //! | cron jobs (clients), cron rounds (owners) | [`cron`], [`cron::owner`] |
 
 pub mod access;
+pub(crate) mod budget;
 pub mod check;
 pub mod claim;
 pub mod control;

@@ -4,7 +4,7 @@
 //! [`SWEEP_BATCH_MAX`] executions, found through the status index (ordered by `execute_at`,
 //! which is never after `finished_at`), so a sweep reads only what it may delete.
 
-use kairos_proto::storage::v1::{Execution, IdempotencyRecord};
+use kairos_proto::storage::v1::{Execution, ExecutionStatus, IdempotencyRecord};
 
 use super::Scheduler;
 use super::error::{Error, Result};
@@ -13,14 +13,24 @@ use crate::kv::RangeOption;
 use crate::limits::SWEEP_BATCH_MAX;
 
 /// What one sweep transaction did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Swept {
     /// Executions deleted.
     pub deleted: u64,
     /// Index entries looked at.
     pub scanned: u64,
-    /// The batch was full: more may be due.
+    /// The batch was full: more may be due (from `cursor` on).
     pub more: bool,
+    /// Where the next sweep of the namespace goes on.
+    pub cursor: SweepCursor,
+}
+
+/// Where a sweep of a namespace's status index goes on: the terminal status (its place in
+/// [`crate::state::TERMINAL`]) and the last row read (`None`: that status's start).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepCursor {
+    status: usize,
+    after: Option<Vec<u8>>,
 }
 
 impl Scheduler {
@@ -40,49 +50,116 @@ impl Scheduler {
     }
 
     /// Deletes, in one transaction, up to `max` (≤ [`SWEEP_BATCH_MAX`]) terminal executions of
-    /// `ns` that finished before `before_ms`. A FAILED execution replayed meanwhile is not
-    /// terminal any more and stays (the replay and the sweep conflict: one retries).
+    /// `ns` that finished before `before_ms`, from the start of the index; see
+    /// [`Self::sweep_terminal_from`].
     pub async fn sweep_terminal(&self, ns: &str, before_ms: i64, max: usize) -> Result<Swept> {
+        self.sweep_terminal_from(ns, before_ms, max, &SweepCursor::default()).await
+    }
+
+    /// Deletes, in one transaction, up to `max` (≤ [`SWEEP_BATCH_MAX`]) terminal executions of
+    /// `ns` that finished before `before_ms`, reading the status index from `from` on; the
+    /// outcome's cursor says where the next call goes on (back at the start once it reached the
+    /// end), so a sweep passes rows it may not delete yet (finished recently) instead of reading
+    /// them again. SUCCEEDED and FAILED executions are found by `execute_at` (never after
+    /// their end); CANCELLED ones over the whole index, since one cancelled before its time
+    /// ends before its `execute_at`: each is kept from its end. A FAILED execution replayed
+    /// meanwhile is not terminal any more and stays (the replay and the sweep conflict: one
+    /// retries).
+    pub async fn sweep_terminal_from(
+        &self,
+        ns: &str,
+        before_ms: i64,
+        max: usize,
+        from: &SweepCursor,
+    ) -> Result<Swept> {
         super::validate::check_name("namespace", ns)?;
         let max = max.clamp(1, SWEEP_BATCH_MAX);
         self.db
             .run(|tx| async move {
                 let mut swept = Swept::default();
-                for status in crate::state::TERMINAL {
-                    let room = max - swept.deleted as usize;
+                for (i, status) in crate::state::TERMINAL.iter().enumerate().skip(from.status) {
+                    let room = max - swept.scanned as usize;
                     if room == 0 {
+                        swept.cursor = SweepCursor { status: i, after: None };
                         swept.more = true;
                         break;
                     }
-                    let range: RangeOption =
-                        self.ks.by_status_range(ns, status as i32, i64::MIN, before_ms).limit(room);
-                    let rows = tx.get_range(&range, true).await?;
-                    swept.more |= rows.len() == room;
+                    let after = from.after.as_deref().filter(|_| i == from.status);
+                    let rows = self.sweep_rows(&tx, ns, *status, before_ms, after, room).await?;
                     swept.scanned += rows.len() as u64;
-                    let ids: Vec<String> = rows
-                        .iter()
-                        .filter_map(|kv| self.ks.parse_by_status(&kv.key).ok().map(|t| t.3))
-                        .collect();
-                    let tx = &tx;
-                    let loads = ids.iter().map(|id| async move {
-                        // Read with a conflict: a concurrent replay and this delete never both
-                        // commit.
-                        tx.get(&self.ks.execution(ns, id)).await
-                    });
-                    let found = futures_util::future::try_join_all(loads).await?;
-                    for v in found.into_iter().flatten() {
-                        let e: Execution = decode("execution", &v)?;
-                        if e.status != status as i32
-                            || e.finished_at_ms == 0
-                            || e.finished_at_ms >= before_ms
-                        {
-                            continue;
-                        }
-                        self.delete_execution(tx, &e).await?;
-                        swept.deleted += 1;
+                    if rows.len() == room {
+                        let last = rows.last().map(|kv| kv.key.to_vec());
+                        swept.cursor = SweepCursor { status: i, after: last };
+                        swept.more = true;
+                    }
+                    swept.deleted += self.sweep_some(&tx, ns, *status, before_ms, &rows).await?;
+                    if swept.more {
+                        break;
                     }
                 }
                 Ok::<_, Error>(swept)
+            })
+            .await
+    }
+
+    /// Up to `room` status index rows of `ns` that may be due for deletion, after `after`.
+    async fn sweep_rows(
+        &self,
+        tx: &crate::kv::Transaction,
+        ns: &str,
+        status: ExecutionStatus,
+        before_ms: i64,
+        after: Option<&[u8]>,
+        room: usize,
+    ) -> Result<Vec<crate::kv::KeyValue>> {
+        let to = if status == ExecutionStatus::Cancelled { i64::MAX } else { before_ms };
+        let mut range: RangeOption = self.ks.by_status_range(ns, status as i32, i64::MIN, to);
+        if let Some(after) = after {
+            let mut begin = after.to_vec();
+            begin.push(0);
+            range = RangeOption::new(begin.max(range.begin.clone()), range.end.clone());
+        }
+        Ok(tx.get_range(&range.limit(room), true).await?)
+    }
+
+    /// Deletes those of `rows`' executions still in `status` that finished before `before_ms`;
+    /// how many.
+    async fn sweep_some(
+        &self,
+        tx: &crate::kv::Transaction,
+        ns: &str,
+        status: ExecutionStatus,
+        before_ms: i64,
+        rows: &[crate::kv::KeyValue],
+    ) -> Result<u64> {
+        let ids: Vec<String> = rows
+            .iter()
+            .filter_map(|kv| self.ks.parse_by_status(&kv.key).ok().map(|t| t.3))
+            .collect();
+        // Read with a conflict: a concurrent replay and this delete never both commit.
+        let loads = ids.iter().map(|id| async move { tx.get(&self.ks.execution(ns, id)).await });
+        let found = futures_util::future::try_join_all(loads).await?;
+        let mut deleted = 0;
+        for v in found.into_iter().flatten() {
+            let e: Execution = decode("execution", &v)?;
+            if e.status != status as i32 || e.finished_at_ms == 0 || e.finished_at_ms >= before_ms {
+                continue;
+            }
+            self.delete_execution(tx, &e).await?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// Clears the claim receipts older than their keeping time (claims and fires clear them
+    /// too; this covers a cluster that does neither for a while).
+    pub async fn sweep_receipts(&self, now_ms: i64) -> Result<()> {
+        let expired = self.ks.claim_receipts_before(now_ms - super::claim::RECEIPT_KEEP_MS);
+        let expired = &expired;
+        self.db
+            .run(|tx| async move {
+                tx.clear_range(&expired.begin, &expired.end)?;
+                Ok::<_, Error>(())
             })
             .await
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::records::{decode, encode, load_execution};
 use super::validate::{check_batch, check_idempotency_key, check_name};
-use super::{Scheduler, definitions};
+use super::{Scheduler, budget, definitions};
 use crate::ids::{fingerprint, new_execution_id, shard_of};
 use crate::kv::Transaction;
 use crate::limits::SUBMIT_BATCH_MAX;
@@ -81,6 +81,8 @@ struct Prepared {
     id: String,
     shard: u32,
     print: Vec<u8>,
+    /// What writing it costs at most (its inputs, keys and indexes).
+    bytes: usize,
 }
 
 impl Scheduler {
@@ -133,7 +135,11 @@ impl Scheduler {
         ]);
         let id = new_execution_id(self.clock.now(), &self.rng);
         let shard = shard_of(&id, self.config.shard_count);
-        Ok(Prepared { req, id, shard, print })
+        // (Defaults may add to the inputs: the budget is checked against what the transaction
+        // holds before each request, so one request at most goes past it.)
+        let key_bytes = req.idempotency_key.as_ref().map_or(0, String::len);
+        let bytes = input_bytes.len() + 3 * key_bytes + crate::limits::ITEM_OVERHEAD_BYTES;
+        Ok(Prepared { req, id, shard, print, bytes })
     }
 
     /// Submits an execution. Idempotent: a retry of the same call (same idempotency key, or
@@ -144,7 +150,8 @@ impl Scheduler {
     }
 
     /// Submits up to [`SUBMIT_BATCH_MAX`] executions in one transaction (one fsync for all on
-    /// the embedded backend), its reads issued concurrently. Each item gets its own result, in
+    /// the embedded backend) — or in a few, when their inputs would pass the transaction
+    /// budget — its reads issued concurrently. Each item gets its own result, in
     /// order: an item the caller already refused (an `Err`: not authorized, over a quota)
     /// passes through as its error, and a request that fails validation, names an unknown
     /// definition or conflicts on its idempotency key is reported while the others are still
@@ -185,40 +192,64 @@ impl Scheduler {
             };
             first.push(dup);
         }
-        let prepared = &prepared;
-        let first = &first;
-        self.db
-            .run(|tx| async move {
-                let unique: Vec<&Prepared> = prepared
-                    .iter()
-                    .zip(first)
-                    .filter_map(|(p, f)| p.as_ref().ok().filter(|_| f.is_none()))
-                    .collect();
-                let found = self.submit_reads(&tx, &unique).await?;
-                let mut found = found.into_iter();
-                let mut out: Vec<Result<Submitted>> = Vec::with_capacity(prepared.len());
-                for (i, p) in prepared.iter().enumerate() {
-                    let r = match (p, first[i]) {
-                        (Err(e), _) => Err(e.clone()),
-                        (Ok(p), Some(j)) => match &prepared[j] {
-                            Ok(f) => same_key(p, f, &out[j]),
-                            Err(e) => Err(e.clone()),
-                        },
-                        (Ok(p), None) => {
-                            let f = found
-                                .next()
-                                .ok_or_else(|| Error::Corrupt("submit read missing".into()))?;
-                            match self.submit_one(&tx, p, f, now_ms) {
-                                Err(Error::Kv(e)) => return Err(Error::Kv(e)),
-                                r => r,
-                            }
-                        }
-                    };
-                    out.push(r);
+        let (prepared, first) = (&prepared, &first);
+        let mut out: Vec<Result<Submitted>> = Vec::with_capacity(prepared.len());
+        while out.len() < prepared.len() {
+            let (from, done) = (out.len(), &out);
+            let part = self
+                .db
+                .run(|tx| async move {
+                    self.submit_part(&tx, prepared, first, (from, done), now_ms).await
+                })
+                .await?;
+            assert!(!part.is_empty(), "a transaction takes at least one request");
+            out.extend(part);
+        }
+        Ok(out)
+    }
+
+    /// Submits the requests from `from` on that fit one transaction's budget; `done` holds the
+    /// results of those before (a later request with the same idempotency key answers from its
+    /// first). A result for each taken, in order.
+    async fn submit_part(
+        &self,
+        tx: &Transaction,
+        prepared: &[Result<Prepared>],
+        first: &[Option<usize>],
+        (from, done): (usize, &[Result<Submitted>]),
+        now_ms: i64,
+    ) -> Result<Vec<Result<Submitted>>> {
+        let unique: Vec<&Prepared> = prepared[from..]
+            .iter()
+            .zip(&first[from..])
+            .filter_map(|(p, f)| p.as_ref().ok().filter(|_| f.is_none()))
+            .collect();
+        let mut found = self.submit_reads(tx, &unique).await?.into_iter();
+        let mut out: Vec<Result<Submitted>> = Vec::new();
+        let mut wrote = 0;
+        for (i, p) in prepared.iter().enumerate().skip(from) {
+            let r = match (p, first[i]) {
+                (Err(e), _) => Err(e.clone()),
+                (Ok(p), Some(j)) => match &prepared[j] {
+                    Ok(f) => same_key(p, f, if j < from { &done[j] } else { &out[j - from] }),
+                    Err(e) => Err(e.clone()),
+                },
+                (Ok(p), None) => {
+                    if !budget::has_room(tx, wrote, p.bytes) {
+                        break; // the rest go in the next transaction
+                    }
+                    wrote += 1;
+                    let f =
+                        found.next().ok_or_else(|| Error::Corrupt("submit read missing".into()))?;
+                    match self.submit_one(tx, p, f, now_ms) {
+                        Err(Error::Kv(e)) => return Err(Error::Kv(e)),
+                        r => r,
+                    }
                 }
-                Ok(out)
-            })
-            .await
+            };
+            out.push(r);
+        }
+        Ok(out)
     }
 
     /// Everything the submits of a batch read, issued concurrently: the definitions and shard

@@ -13,6 +13,7 @@ use kairos_proto::storage::v1::{
 };
 
 use super::Scheduler;
+use super::budget;
 use super::claim::ClaimSlot;
 use super::error::{Error, Result, invalid};
 use super::records::{decode, load_execution, running_attempt, watermark};
@@ -20,7 +21,7 @@ use super::retry::retry_delay_ms;
 use super::validate::{check_batch, check_name, check_ref};
 use crate::kv::Transaction;
 use crate::limits::{
-    ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
+    ERROR_CODE_BYTES_MAX, ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
     OUTPUT_REFERENCE_BYTES_MAX,
 };
 use crate::limits::{HEARTBEAT_BATCH_MAX, REPORT_BATCH_MAX};
@@ -59,10 +60,22 @@ pub struct Report {
     pub worker_id: Option<String>,
 }
 
-fn check_report(r: &Report) -> Result<()> {
+/// Checks a result's own fields, naming the field: ids, the worker, the output and its reference,
+/// the error's code (its message is truncated to [`ERROR_MESSAGE_BYTES_MAX`], not refused). The
+/// node checks each result with this before merging it with other callers' results, so one
+/// caller's bad result never fails another's.
+pub fn check_report(r: &Report) -> Result<()> {
     check_ref(&r.namespace, &r.execution_id)?;
     if let Some(w) = &r.worker_id {
         check_name("workerId", w)?;
+    }
+    if let Outcome::Failure(e) = &r.outcome
+        && e.code.len() > ERROR_CODE_BYTES_MAX
+    {
+        return Err(invalid(
+            "error.code",
+            format!("is {} bytes, the limit is {ERROR_CODE_BYTES_MAX}", e.code.len()),
+        ));
     }
     if let Outcome::Success { output_json, output_reference } = &r.outcome {
         if output_json.len() > OUTPUT_BYTES_MAX {
@@ -84,6 +97,17 @@ fn check_report(r: &Report) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a result adds to its execution's record at most (its output or error).
+fn report_bytes(r: &Report) -> usize {
+    match &r.outcome {
+        Outcome::Success { output_json, output_reference } => {
+            output_json.len() + output_reference.len()
+        }
+        Outcome::Failure(e) => 2 * (e.message.len().min(ERROR_MESSAGE_BYTES_MAX) + e.code.len()),
+        Outcome::Release => 0,
+    }
 }
 
 /// What a heartbeat reports back.
@@ -310,37 +334,57 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Extends many attempts' leases in one transaction; each gets its own result.
+    /// Extends many attempts' leases, in as few transactions as their budget allows (one for
+    /// most batches); each gets its own result.
     pub async fn heartbeat(&self, beats: Vec<Beat>) -> Result<Vec<Result<HeartbeatOutcome>>> {
         check_batch("heartbeats", beats.len(), HEARTBEAT_BATCH_MAX)?;
         let now_ms = self.clock.now().as_millis();
-        let beats = &beats;
-        self.db
-            .run(|tx| async move {
-                // A beat naming what cannot exist fails alone, not its batch.
-                let checks: Vec<Result<()>> =
-                    beats.iter().map(|b| check_ref(&b.namespace, &b.execution_id)).collect();
-                let tx = &tx;
-                let loads = beats.iter().zip(&checks).map(|(b, c)| async move {
-                    match c {
-                        Ok(()) => load_execution(tx, &self.ks, &b.namespace, &b.execution_id).await,
-                        Err(_) => Ok(None),
-                    }
-                });
-                let found = futures_util::future::try_join_all(loads).await?;
-                let mut out = Vec::with_capacity(beats.len());
-                for ((b, e), c) in beats.iter().zip(found).zip(checks) {
-                    out.push(match (c, e) {
-                        (Err(invalid), _) => Err(invalid),
-                        (Ok(()), None) => {
-                            Err(Error::NotFound { what: "execution", id: b.execution_id.clone() })
-                        }
-                        (Ok(()), Some(mut e)) => self.beat(tx, &mut e, b, now_ms),
-                    });
+        let mut out = Vec::with_capacity(beats.len());
+        while out.len() < beats.len() {
+            let rest = &beats[out.len()..];
+            let part =
+                self.db.run(|tx| async move { self.beats_in(&tx, rest, now_ms).await }).await?;
+            assert!(!part.is_empty(), "a transaction takes at least one heartbeat");
+            out.extend(part);
+        }
+        Ok(out)
+    }
+
+    /// Applies the first of `beats` that fit one transaction; a result for each, in order.
+    async fn beats_in(
+        &self,
+        tx: &Transaction,
+        beats: &[Beat],
+        now_ms: i64,
+    ) -> Result<Vec<Result<HeartbeatOutcome>>> {
+        // A beat naming what cannot exist fails alone, not its batch.
+        let checks: Vec<Result<()>> =
+            beats.iter().map(|b| check_ref(&b.namespace, &b.execution_id)).collect();
+        let loads = beats.iter().zip(&checks).map(|(b, c)| async move {
+            match c {
+                Ok(()) => load_execution(tx, &self.ks, &b.namespace, &b.execution_id).await,
+                Err(_) => Ok(None),
+            }
+        });
+        let found = futures_util::future::try_join_all(loads).await?;
+        let mut out = Vec::with_capacity(beats.len());
+        let mut wrote = 0;
+        for ((b, e), c) in beats.iter().zip(found).zip(checks) {
+            out.push(match (c, e) {
+                (Err(invalid), _) => Err(invalid),
+                (Ok(()), None) => {
+                    Err(Error::NotFound { what: "execution", id: b.execution_id.clone() })
                 }
-                Ok(out)
-            })
-            .await
+                (Ok(()), Some(mut e)) => {
+                    if !budget::has_room(tx, wrote, budget::execution_bytes(&e)) {
+                        break; // the rest go in the next transaction
+                    }
+                    wrote += 1;
+                    self.beat(tx, &mut e, b, now_ms)
+                }
+            });
+        }
+        Ok(out)
     }
 
     fn beat(
@@ -371,72 +415,101 @@ impl Scheduler {
         })
     }
 
-    /// Applies many attempts' results in one transaction (reads issued concurrently, one
-    /// commit for all); each gets its own result: a fenced-out one does not stop the others.
-    /// An item the caller refused already (an `Err`) passes through as its error.
+    /// Applies many attempts' results in as few transactions as their budget allows (one for
+    /// most batches: reads issued concurrently, one commit for all); each gets its own result:
+    /// a fenced-out one does not stop the others. An item the caller refused already (an
+    /// `Err`) passes through as its error.
     pub async fn report(&self, items: Vec<Result<Report>>) -> Result<Vec<Result<Execution>>> {
         check_batch("results", items.len(), REPORT_BATCH_MAX)?;
         let checked: Vec<Result<Report>> =
             items.into_iter().map(|r| r.and_then(|r| check_report(&r).map(|()| r))).collect();
-        if checked.iter().all(Result::is_err) {
-            return Ok(checked
-                .into_iter()
-                .map(|r| r.map(|_| unreachable!("all failed")))
-                .collect());
-        }
         let now_ms = self.clock.now().as_millis();
-        let checked = &checked;
-        self.db
-            .run(|tx| async move {
-                let loads = checked.iter().map(|r| {
-                    let tx = &tx;
-                    async move {
-                        match r {
-                            Ok(r) => {
-                                load_execution(tx, &self.ks, &r.namespace, &r.execution_id).await
-                            }
-                            Err(_) => Ok(None),
-                        }
-                    }
-                });
-                let found = futures_util::future::try_join_all(loads).await?;
-                // Watermarks only for the shards whose executions get a new timer or go back
-                // on a ready queue (failures), not for plain completions.
-                let shards: BTreeSet<u32> = checked
-                    .iter()
-                    .zip(&found)
-                    .filter(|(r, _)| {
-                        r.as_ref().is_ok_and(|r| matches!(r.outcome, Outcome::Failure(_)))
-                    })
-                    .filter_map(|(_, e)| e.as_ref().map(|e| e.shard))
-                    .collect();
-                let wms = self.watermarks(&tx, shards).await?;
-                let mut out = Vec::with_capacity(checked.len());
-                for (r, e) in checked.iter().zip(found) {
-                    let r = match r {
-                        Ok(r) => r,
-                        Err(err) => {
-                            out.push(Err(err.clone()));
-                            continue;
-                        }
-                    };
-                    let Some(mut e) = e else {
-                        out.push(Err(Error::NotFound {
-                            what: "execution",
-                            id: r.execution_id.clone(),
-                        }));
-                        continue;
-                    };
-                    let wm = wms.get(&e.shard).copied();
-                    out.push(match self.apply_report(&tx, &mut e, r, now_ms, wm).await {
-                        Err(Error::Kv(k)) => return Err(Error::Kv(k)),
-                        Ok(()) => Ok(e),
-                        Err(err) => Err(err),
-                    });
+        let mut out: Vec<Result<Execution>> = Vec::with_capacity(checked.len());
+        while out.len() < checked.len() {
+            let rest = &checked[out.len()..];
+            if rest.iter().all(Result::is_err) {
+                // Nothing to write: no transaction.
+                out.extend(rest.iter().map(|r| Err(r.clone().err().expect("all failed"))));
+                break;
+            }
+            let part = self.reports_isolated(rest, now_ms).await?;
+            assert!(!part.is_empty(), "a transaction takes at least one result");
+            out.extend(part);
+        }
+        Ok(out)
+    }
+
+    /// Applies the first of `rest` that fit one transaction. When the store refuses that
+    /// transaction for its size (one result it could not hold, whatever the checks let
+    /// through), the first half is applied without the second, and so on down to the one
+    /// result at fault: it alone fails, naming it, and the others go through.
+    async fn reports_isolated(
+        &self,
+        rest: &[Result<Report>],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Execution>>> {
+        match self.db.run(|tx| async move { self.reports_in(&tx, rest, now_ms).await }).await {
+            Err(Error::Kv(k)) if is_size_error(&k) => {
+                if rest.len() == 1 {
+                    let reason = format!("is too large to store: {k}");
+                    return Ok(vec![Err(invalid("result", reason))]);
                 }
-                Ok(out)
-            })
-            .await
+                Box::pin(self.reports_isolated(&rest[..rest.len() / 2], now_ms)).await
+            }
+            r => r,
+        }
+    }
+
+    /// Applies the first of `checked` that fit one transaction; a result for each, in order.
+    async fn reports_in(
+        &self,
+        tx: &Transaction,
+        checked: &[Result<Report>],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Execution>>> {
+        let loads = checked.iter().map(|r| async move {
+            match r {
+                Ok(r) => load_execution(tx, &self.ks, &r.namespace, &r.execution_id).await,
+                Err(_) => Ok(None),
+            }
+        });
+        let found = futures_util::future::try_join_all(loads).await?;
+        // Watermarks only for the shards whose executions get a new timer or go back on a
+        // ready queue (failures), not for plain completions.
+        let shards: BTreeSet<u32> = checked
+            .iter()
+            .zip(&found)
+            .filter(|(r, _)| r.as_ref().is_ok_and(|r| matches!(r.outcome, Outcome::Failure(_))))
+            .filter_map(|(_, e)| e.as_ref().map(|e| e.shard))
+            .collect();
+        let wms = self.watermarks(tx, shards).await?;
+        let mut out = Vec::with_capacity(checked.len());
+        let mut wrote = 0;
+        for (r, e) in checked.iter().zip(found) {
+            let (r, mut e) = match (r, e) {
+                (Err(err), _) => {
+                    out.push(Err(err.clone()));
+                    continue;
+                }
+                (Ok(r), None) => {
+                    let id = r.execution_id.clone();
+                    out.push(Err(Error::NotFound { what: "execution", id }));
+                    continue;
+                }
+                (Ok(r), Some(e)) => (r, e),
+            };
+            if !budget::has_room(tx, wrote, budget::execution_bytes(&e) + report_bytes(r)) {
+                break; // the rest go in the next transaction
+            }
+            wrote += 1;
+            let wm = wms.get(&e.shard).copied();
+            out.push(match self.apply_report(tx, &mut e, r, now_ms, wm).await {
+                Err(Error::Kv(k)) => return Err(Error::Kv(k)),
+                Ok(()) => Ok(e),
+                Err(err) => Err(err),
+            });
+        }
+        Ok(out)
     }
 
     /// Whether `r` repeats a result that already committed (a retry after an unknown commit
@@ -511,4 +584,10 @@ impl Scheduler {
         );
         Ok(())
     }
+}
+
+/// Whether the store refused a transaction for its size or one of its keys' or values'.
+fn is_size_error(e: &crate::kv::Error) -> bool {
+    use crate::kv::Error as E;
+    matches!(e, E::TransactionTooLarge { .. } | E::KeyTooLarge { .. } | E::ValueTooLarge { .. })
 }

@@ -4,7 +4,7 @@
 
 use kairos_layer::ops::Error;
 use kairos_layer::ops::error::invalid;
-use kairos_layer::ops::worker::{Beat, Outcome, Report};
+use kairos_layer::ops::worker::{Beat, Outcome, Report, check_report};
 use kairos_proto::storage::v1 as storage;
 use kairos_proto::v1::*;
 use tonic::Status;
@@ -71,8 +71,10 @@ impl Api {
         let items = results
             .into_iter()
             .map(|r| {
+                // Checked here, before the node merges it with other callers' results.
                 report_of(ns, worker, r)
                     .and_then(|rep| caller.allow(&rep.namespace, Scope::Worker).map(|()| rep))
+                    .and_then(|rep| check_report(&rep).map(|()| rep))
             })
             .collect();
         let out = self.node.report(items).await.map_err(|e| status(&e))?;

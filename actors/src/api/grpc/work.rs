@@ -5,13 +5,14 @@
 
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::{self, error::invalid};
-use kairos_proto::v1::{WorkOpen, WorkRequest, WorkResponse};
+use kairos_proto::v1::{Task, WorkOpen, WorkRequest, WorkResponse};
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream;
 use tonic::{Request, Status, Streaming};
 
 use super::results::lease_of;
 use super::{Api, WorkStream, or_default, status};
+use crate::limits::WORK_MESSAGE_BYTES_MAX;
 use crate::node::WorkerStream;
 use crate::server::auth::{CACHE_MS, Principal, Scope};
 
@@ -66,20 +67,40 @@ impl Api {
     /// Tasks out: what the dispatcher hands this stream, converted; anything the client can no
     /// longer take goes back as orphans. Ends the stream when the dispatcher lets go of it.
     async fn tasks_out(self, mut task_rx: mpsc::UnboundedReceiver<Vec<Claimed>>, out: Out) {
-        while let Some(claimed) = task_rx.recv().await {
-            let tasks = self.tasks(&claimed).await;
-            if out.send(Ok(WorkResponse { tasks, ..WorkResponse::default() })).await.is_err() {
-                self.node.orphans(claimed);
-                while let Ok(more) = task_rx.try_recv() {
-                    self.node.orphans(more);
+        while let Some(mut claimed) = task_rx.recv().await {
+            let mut tasks = self.tasks(&claimed).await;
+            // Chunked to the stated message size, each chunk its own message.
+            while !tasks.is_empty() {
+                let n = fitting(&tasks, WORK_MESSAGE_BYTES_MAX);
+                let chunk: Vec<Task> = tasks.drain(..n).collect();
+                let sent: Vec<Claimed> = claimed.drain(..n).collect();
+                let msg = WorkResponse { tasks: chunk, ..WorkResponse::default() };
+                if out.send(Ok(msg)).await.is_err() {
+                    self.node.orphans(sent);
+                    self.node.orphans(claimed);
+                    while let Ok(more) = task_rx.try_recv() {
+                        self.node.orphans(more);
+                    }
+                    return;
                 }
-                return;
             }
         }
         // The dispatcher let go of this stream (the node is draining): end it, so the worker
         // reconnects elsewhere.
         let _ = out.send(Err(Status::unavailable("the node is draining; reconnect"))).await;
     }
+}
+
+/// How many of `items`, from the first, fit `bytes` encoded (at least one).
+pub(super) fn fitting<M: prost::Message>(items: &[M], bytes: usize) -> usize {
+    let mut used = 0;
+    for (i, m) in items.iter().enumerate() {
+        used += m.encoded_len() + 8; // the field's tag and length
+        if i > 0 && used > bytes {
+            return i;
+        }
+    }
+    items.len()
 }
 
 /// The first message and its `open`.

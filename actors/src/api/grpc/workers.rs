@@ -13,6 +13,7 @@ use tonic::{Request, Status, Streaming};
 
 use super::results::lease_of;
 use super::{Api, Reply, WorkStream, ok, or_default, status};
+use crate::limits::POLL_TASKS_MAX;
 use crate::node::WorkerPoll;
 use crate::server::auth::Scope;
 
@@ -41,7 +42,7 @@ impl WorkerService for Api {
             namespace: or_default(&r.namespace),
             queue: r.queue,
             worker_id: r.worker_id,
-            max: r.max_executions.max(1) as usize,
+            max: (r.max_executions.max(1) as usize).min(POLL_TASKS_MAX),
             lease_ms: lease_of(r.lease_ms),
             wait_ms: r.wait_ms,
         };

@@ -165,19 +165,17 @@ impl DispatcherState {
         let cap = clock.sleep(Duration::from_millis(self.ctx.config.poll_wait_max_ms));
         tokio::spawn(async move {
             let watch = async {
-                let db = sched.database();
-                let tx = db.begin()?;
-                let parts = sched.config().ready_partitions.max(1);
-                let mut watches = Vec::new();
-                for p in 0..parts {
-                    watches.push(tx.watch(&sched.keyspace().ready_signal(&q.0, &q.1, p))?);
+                // Set where the queue is read empty: work made ready since the last claim is
+                // claimed at once, not left until a later signal (a lost wake-up). The
+                // transaction is gone before waiting: a live one would pin its read snapshot
+                // and the resolver's history for as long as the watch waits.
+                match sched.watch_ready(&q.0, &q.1).await? {
+                    None => Ok::<(), kairos_layer::ops::Error>(()),
+                    Some(watches) => futures_util::future::select_all(watches)
+                        .await
+                        .0
+                        .map_err(kairos_layer::ops::Error::from),
                 }
-                tx.commit().await?;
-                // Let go of the transaction before waiting: a live transaction pins its read
-                // snapshot (the store cannot reuse pages freed after it) and the resolver's
-                // history, for as long as the watch waits.
-                drop(tx);
-                futures_util::future::select_all(watches).await.0
             };
             let failed = tokio::select! {
                 r = watch => {

@@ -80,6 +80,11 @@ impl WriteBuffer {
         self.cleared.iter().any(|(b, e)| b.as_slice() <= key && key < e.as_slice())
     }
 
+    /// Mutations and conflict ranges so far, as the size limit counts them.
+    pub(crate) fn size_bytes(&self) -> usize {
+        self.size_bytes
+    }
+
     fn grow(&mut self, bytes: usize) -> Result<()> {
         let size = self.size_bytes + bytes;
         if size > TRANSACTION_BYTES_MAX {

@@ -265,6 +265,10 @@ impl KvTransaction for LocalTransaction {
         Ok(watch)
     }
 
+    fn approximate_size(&self) -> usize {
+        self.lock().buf.size_bytes()
+    }
+
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>> {
         Box::pin(async move {
             let (req, watches) = {

@@ -340,6 +340,10 @@ impl KvTransaction for PgTransaction {
         Ok(watch)
     }
 
+    fn approximate_size(&self) -> usize {
+        self.lock().buf.size_bytes()
+    }
+
     fn commit(&self) -> BoxFuture<'_, Result<CommitInfo>> {
         Box::pin(self.commit_inner())
     }

@@ -74,6 +74,7 @@ impl Command {
             Command::Worker(w) => return Err(w),
         };
         a.scenario = scenario;
+        a.batch = a.batch.min(CALL_BYTES / a.input_bytes.max(1)).max(1);
         Ok(a)
     }
 }
@@ -198,6 +199,11 @@ pub struct Args {
     /// s5: fraction of the burst started before the SIGKILL.
     #[arg(long, value_name = "F", default_value = "0.3", value_parser = fraction, help_heading = "Sizes")]
     pub kill_at: f64,
+    /// Each execution's inputs: a JSON object of N bytes (`{"payload":"xx…"}`; 0: `{}`), at
+    /// most 32768 (the API's input limit). SubmitBatch calls are then cut to --batch or what
+    /// fits 3 MiB, inside the node's 4 MiB request limit.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = input_bytes, help_heading = "Sizes")]
+    pub input_bytes: usize,
     /// s2, s3, s4, s5: stop collecting after S seconds.
     #[arg(long = "timeout", value_name = "S", default_value = "300", value_parser = positive, help_heading = "Sizes")]
     pub timeout_s: u64,
@@ -232,7 +238,28 @@ pub struct WorkerArgs {
     pub threads: usize,
 }
 
+/// What one SubmitBatch call carries at most in inputs: 3 MiB (the node takes 4 MiB).
+const CALL_BYTES: usize = 3 * 1024 * 1024;
+/// The JSON around the payload string.
+const PAYLOAD_JSON_BYTES: usize = r#"{"payload":""}"#.len();
+
+fn input_bytes(s: &str) -> Result<usize, String> {
+    let n: usize = number(s)?;
+    if n != 0 && !(PAYLOAD_JSON_BYTES..=32_768).contains(&n) {
+        return Err(format!("must be 0 or {PAYLOAD_JSON_BYTES}-32768 bytes"));
+    }
+    Ok(n)
+}
+
 impl Args {
+    /// Each execution's inputs (JSON) as `--input-bytes` says.
+    pub fn inputs_json(&self) -> std::sync::Arc<str> {
+        match self.input_bytes {
+            0 => "{}".into(),
+            n => format!(r#"{{"payload":"{}"}}"#, "x".repeat(n - PAYLOAD_JSON_BYTES)).into(),
+        }
+    }
+
     /// Checks what the flags cannot say alone.
     pub fn check(&self) -> Result<(), String> {
         if self.scenario == Scenario::S5 && self.endpoint.is_some() {

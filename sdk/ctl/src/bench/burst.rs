@@ -43,8 +43,9 @@ pub async fn run(env: &mut Env, recovery: bool) -> Result<Report> {
     let bar = Progress::start("submit", count, env.progress);
     let (run, c0) = (env.run_id.clone(), env.client().clone());
     let phase = if recovery { "s5" } else { "s2" };
+    let inputs = env.args.inputs_json();
     let make: Make = Arc::new(move |i| {
-        submit::request(&c0, format!("bench-{run}-{phase}-{i}"), When::ExecuteAtMs(due))
+        submit::request(&c0, &inputs, format!("bench-{run}-{phase}-{i}"), When::ExecuteAtMs(due))
     });
     let tracker = env.tracker.clone();
     let on_ok: OnOk =
@@ -102,6 +103,7 @@ pub async fn run(env: &mut Env, recovery: bool) -> Result<Report> {
     r.set("count", acked as u64);
     r.set("workers", a.workers as u64);
     r.set("slots", a.slots as u64);
+    r.set("input_bytes", a.input_bytes as u64);
     r.set("lead_ms", lead);
     r.row(
         "submit (SubmitBatch)",

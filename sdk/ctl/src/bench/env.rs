@@ -18,9 +18,11 @@ use super::workers::{self, Pool};
 
 /// The definition the bench registers (the file format of `layer/src/definition`).
 pub const DEFINITION_YAML: &str = "name: bench-noop
-version: 1
+version: 2
 description: kairosctl bench no-op
 queue: bench
+inputs:
+  payload: {type: string, required: false}
 timeouts:
   lease: 30s
 retry:
@@ -94,7 +96,7 @@ impl Env {
         let (d, _created) = self.clients[0]
             .register_definition(DEFINITION_YAML)
             .await
-            .context("registering the bench definition bench-noop v1")?;
+            .context("registering the bench definition bench-noop v2")?;
         if d.queue != workers::QUEUE {
             bail!("bench-noop v1 on this node has queue {:?}, not {:?}", d.queue, workers::QUEUE);
         }

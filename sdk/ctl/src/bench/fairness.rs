@@ -154,8 +154,9 @@ pub async fn run(env: &mut Env) -> Result<Report> {
     let bar = Progress::start("flood", count, env.progress);
     let run = env.run_id.clone();
     let c0 = flood_client[0].clone();
+    let inputs = env.args.inputs_json();
     let make: Make = Arc::new(move |i| {
-        submit::request(&c0, format!("bench-{run}-s6-{i}"), When::ExecuteAtMs(due))
+        submit::request(&c0, &inputs, format!("bench-{run}-s6-{i}"), When::ExecuteAtMs(due))
     });
     let track_a = ta.clone();
     let on_ok: OnOk =

@@ -49,8 +49,14 @@ async fn steady(env: &Env, phase: &str) -> Result<Steady> {
     let acked_late = Arc::new(AtomicU64::new(0));
     let (run, c0) = (env.run_id.clone(), env.client().clone());
     let key_phase = phase.to_string();
+    let inputs = env.args.inputs_json();
     let make: Make = Arc::new(move |i| {
-        submit::request(&c0, format!("bench-{run}-{key_phase}-{i}"), When::ExecuteAtMs(due(i)))
+        submit::request(
+            &c0,
+            &inputs,
+            format!("bench-{run}-{key_phase}-{i}"),
+            When::ExecuteAtMs(due(i)),
+        )
     });
     let (tracker, late) = (env.tracker.clone(), acked_late.clone());
     let on_ok: OnOk = Arc::new(move |_, r| {
@@ -178,9 +184,10 @@ pub async fn run_s4(env: &mut Env) -> Result<Report> {
     let bar = Progress::start("preload", preload, env.progress);
     let (run, c0) = (env.run_id.clone(), env.client().clone());
     let from = now_ms() as u64 + DAY_MS;
+    let inputs = env.args.inputs_json();
     let make: Make = Arc::new(move |i| {
         let at = from + mix(i) % (29 * DAY_MS);
-        submit::request(&c0, format!("bench-{run}-p-{i}"), When::ExecuteAtMs(at as i64))
+        submit::request(&c0, &inputs, format!("bench-{run}-p-{i}"), When::ExecuteAtMs(at as i64))
     });
     let on_ok: OnOk = Arc::new(|_, _| {});
     let pre =

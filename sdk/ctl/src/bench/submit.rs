@@ -15,15 +15,20 @@ use kairos_sdk::Client;
 /// The bench definition's URI.
 pub const URI: &str = "registry://jobs/bench-noop";
 /// Its version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
-/// One submission of the bench definition, inputs `{}`.
-pub fn request(client: &Client, key: String, when: submit_request::When) -> SubmitRequest {
+/// One submission of the bench definition with `inputs` (JSON).
+pub fn request(
+    client: &Client,
+    inputs: &str,
+    key: String,
+    when: submit_request::When,
+) -> SubmitRequest {
     SubmitRequest {
         namespace: client.namespace().to_string(),
         definition_uri: URI.into(),
         definition_version: VERSION,
-        inputs_json: "{}".into(),
+        inputs_json: inputs.into(),
         when: Some(when),
         idempotency_key: key,
         return_execution: false,
@@ -177,15 +182,17 @@ pub async fn single(
     total: u64,
     concurrency: usize,
     key: Arc<dyn Fn(u64) -> String + Send + Sync>,
-    delay: Duration,
+    (inputs, delay): (&str, Duration),
     done: Arc<AtomicU64>,
 ) -> Result<Summary> {
+    let inputs: serde_json::Value = serde_json::from_str(inputs)?;
     let t = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let mut set: JoinSet<Result<Summary>> = JoinSet::new();
     for c in 0..concurrency {
         let client = clients[c % clients.len()].clone();
         let (next, done, key) = (next.clone(), done.clone(), key.clone());
+        let inputs = inputs.clone();
         set.spawn(async move {
             let mut s = Summary::default();
             loop {
@@ -195,6 +202,7 @@ pub async fn single(
                 }
                 let r = client
                     .submit(URI, VERSION)
+                    .inputs(inputs.clone())
                     .after(delay)
                     .idempotency_key(key(i))
                     .send()

@@ -26,8 +26,9 @@ pub async fn run(env: &mut Env) -> Result<Report> {
 
     let bar = Progress::start("batched", count, env.progress);
     let (run, c0) = (env.run_id.clone(), env.client().clone());
+    let inputs = env.args.inputs_json();
     let make: Make = Arc::new(move |i| {
-        submit::request(&c0, format!("bench-{run}-s1b-{i}"), When::DelayMs(HOUR_MS))
+        submit::request(&c0, &inputs, format!("bench-{run}-s1b-{i}"), When::DelayMs(HOUR_MS))
     });
     let on_ok: OnOk = Arc::new(|_, _| {});
     let batched =
@@ -44,7 +45,7 @@ pub async fn run(env: &mut Env) -> Result<Report> {
             single_count,
             a.clients,
             key,
-            Duration::from_millis(HOUR_MS),
+            (&a.inputs_json(), Duration::from_millis(HOUR_MS)),
             bar.counter(),
         )
         .await?;
@@ -68,6 +69,7 @@ pub async fn run(env: &mut Env) -> Result<Report> {
     );
     r.set("count", batched.acked);
     r.set("batch", a.batch as u64);
+    r.set("input_bytes", a.input_bytes as u64);
     r.set("in_flight", a.in_flight as u64);
     r.set("batched_per_s", batched.per_s().round());
     r.set("connections", a.connections as u64);

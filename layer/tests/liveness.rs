@@ -1,0 +1,130 @@
+//! Liveness: nothing waits forever and nothing piles up. Ready work made after an empty claim is
+//! seen when the watch is set; a retention sweep passes rows it may not delete yet and reaches
+//! the rest; an execution cancelled before its time is kept from its end, not its due time;
+//! claim receipts are cleared by fires too, and `kairos check` finds any left behind.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kairos_layer::kv::memory::FaultConfig;
+use kairos_layer::ops::check::check_records;
+use kairos_layer::ops::claim::ClaimSlot;
+use kairos_layer::ops::fire::Offer;
+use kairos_layer::ops::retention::SweepCursor;
+
+const DAY_MS: u64 = 86_400_000;
+
+/// Work made ready between an empty claim and the watch being set is claimed at once (the
+/// watch is set where the queue is read); once the queue is empty, new work fires the watch.
+#[tokio::test]
+async fn work_made_ready_after_an_empty_claim_is_not_missed() {
+    let w = world(31, FaultConfig::none()).await;
+    assert!(w.sched.claim_for(NS, "report", "w", 10, None).await.unwrap().is_empty());
+    // Meanwhile another node makes work ready.
+    w.sched.submit(request(Some("a"), T0)).await.unwrap();
+    w.fire_all().await;
+    let set = w.sched.watch_ready(NS, "report").await.unwrap();
+    assert!(set.is_none(), "ready work found where the watch is set: claim now");
+    assert_eq!(w.sched.claim_for(NS, "report", "w", 10, None).await.unwrap().len(), 1);
+    let watches = w.sched.watch_ready(NS, "report").await.unwrap().expect("empty: watches");
+    w.sched.submit(request(Some("b"), T0)).await.unwrap();
+    w.fire_all().await;
+    let fired = futures_util::future::select_all(watches);
+    let fired = tokio::time::timeout(Duration::from_secs(5), fired).await;
+    assert!(fired.expect("a watch fires for new ready work").0.is_ok());
+}
+
+/// Sweeps the namespace from the start to the end of its index, in batches of `max`; how many
+/// were deleted (bounded: a sweep that never reaches the end fails).
+async fn sweep_through(w: &World, cutoff: i64, max: usize) -> u64 {
+    let mut cursor = SweepCursor::default();
+    let mut deleted = 0;
+    for _ in 0..100 {
+        let s = w.sched.sweep_terminal_from(NS, cutoff, max, &cursor).await.unwrap();
+        deleted += s.deleted;
+        if !s.more {
+            return deleted;
+        }
+        cursor = s.cursor;
+    }
+    panic!("the sweep never reached the end of the index");
+}
+
+/// Twelve executions due at T0, cancelled eight days later (finished recently), head the index;
+/// three due in 300 days were cancelled at T0 (finished long ago). Past a 7-day retention the
+/// three go — the sweep passes the twelve it may not delete yet — and the twelve stay.
+#[tokio::test]
+async fn a_sweep_passes_what_it_may_not_delete_and_cancelled_executions_go_from_their_end() {
+    let w = world(32, FaultConfig::none()).await;
+    let mut early = Vec::new();
+    for i in 0..3 {
+        let at = T0 + 300 * DAY_MS as i64;
+        let id = w.sched.submit(request(Some(&format!("f{i}")), at)).await.unwrap().execution.id;
+        w.sched.cancel(NS, &id, "test").await.unwrap();
+        early.push(id);
+    }
+    let mut head = Vec::new();
+    for i in 0..12 {
+        let at = T0 + 1_000;
+        head.push(w.sched.submit(request(Some(&format!("h{i}")), at)).await.unwrap().execution.id);
+    }
+    w.advance_ms(8 * DAY_MS);
+    for id in &head {
+        w.sched.cancel(NS, id, "test").await.unwrap();
+    }
+    let cutoff = w.now_ms() - 7 * DAY_MS as i64;
+    assert_eq!(sweep_through(&w, cutoff, 5).await, 3, "the three cancelled long ago");
+    for id in &early {
+        assert!(w.sched.get(NS, id).await.is_err(), "{id} should be gone");
+    }
+    for id in &head {
+        w.sched.get(NS, id).await.unwrap_or_else(|e| panic!("{id} was deleted: {e}"));
+    }
+    w.check_invariants().await;
+}
+
+/// Receipts a fire leaves for the workers it matched are cleared by later fires (a node whose
+/// fires always meet waiting workers never claims); one left behind is a `kairos check` finding.
+#[tokio::test]
+async fn fires_clear_expired_receipts_and_check_finds_stale_ones() {
+    let w = world(33, FaultConfig::none()).await;
+    let slot = ClaimSlot { worker_id: "w".into(), max: 10, lease_ms: None };
+    let offer: Offer = [((NS.to_string(), "report".to_string()), vec![slot])].into();
+    // Receipts older than a minute (the time they are kept).
+    let old_receipts = || async {
+        let r = w.ks.subspace_range(kairos_layer::keys::Tag::ClaimReceipt);
+        let dump = w.dump().await;
+        let at = dump.range(r.begin..r.end).map(|(k, _)| w.ks.parse_claim_receipt(k).unwrap());
+        at.filter(|at| *at < w.now_ms() - 60_000).count()
+    };
+    for round in 0..3u64 {
+        w.sched.submit(request(Some(&format!("r{round}")), w.now_ms())).await.unwrap();
+        let mut matched = 0;
+        for shard in 0..SHARDS {
+            let epoch = w.epochs[shard as usize];
+            let out = w.sched.fire_due(shard, epoch, w.now_ms(), 100, &offer).await.unwrap();
+            matched += out.matched.len();
+        }
+        assert!(matched >= 1, "the fire hands the execution to the waiting worker");
+        if round < 2 {
+            w.advance_ms(3_600_000);
+        }
+    }
+    assert_eq!(old_receipts().await, 0, "only the last fires' receipts are kept");
+    let report = check_records(w.sched.database(), w.sched.keyspace(), |_| {}).await.unwrap();
+    assert!(report.is_clean(), "{:#?}", report.findings);
+    // A receipt from a day before the newest, never cleared: a finding.
+    let stale = w.ks.claim_receipt(w.now_ms() - DAY_MS as i64, 7);
+    let empty: Vec<(String, String, u64, u32)> = Vec::new();
+    let tx = w.db.begin().unwrap();
+    tx.set(&stale, &kairos_layer::tuple::pack(&empty)).unwrap();
+    tx.commit().await.unwrap();
+    let report = check_records(w.sched.database(), w.sched.keyspace(), |_| {}).await.unwrap();
+    assert!(
+        report.findings.iter().any(|f| f.problem.contains("claim receipt")),
+        "{:#?}",
+        report.findings
+    );
+}

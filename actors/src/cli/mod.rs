@@ -15,6 +15,7 @@
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
 pub mod check;
+mod marker;
 mod serve;
 mod signal;
 

@@ -116,6 +116,10 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     };
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
+    if matches!(config.backend, Backend::Embedded) {
+        // Before anything is written into the data directory (its node id).
+        marker::check_store_exists(&config, &config.data_dir.join("kv.redb"))?;
+    }
     config.node_id = Some(node_id(&config, &rng)?);
     let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;
     let store = describe_store(&config);

@@ -173,13 +173,29 @@ fn code_name(c: tonic::Code) -> String {
     out
 }
 
+/// The exit code when stdout was closed before everything was written (`kairosctl list |
+/// head -1`): what a Unix tool killed by SIGPIPE exits with, 128 + 13, without a message.
+pub const CLOSED_PIPE_EXIT: i32 = 141;
+
+/// Writes `bytes` to stdout; the exit code: 0, [`CLOSED_PIPE_EXIT`] quietly when the reader
+/// has gone, 1 (saying why) when the write failed otherwise (a full disk).
+pub(crate) fn write_stdout(bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => CLOSED_PIPE_EXIT,
+        Err(e) => {
+            eprintln!("kairosctl: writing the output: {e}");
+            1
+        }
+    }
+}
+
 /// Prints a result (stdout) or an error (stderr; JSON with `--json`); returns the exit code.
 pub(crate) fn report(o: &Opts, r: Result<String, Failure>) -> i32 {
     match r {
-        Ok(out) => {
-            println!("{out}");
-            0
-        }
+        Ok(out) => write_stdout(format!("{out}\n").as_bytes()),
         Err(f) => {
             let code = exit_code(&f);
             let (name, message) = match f {

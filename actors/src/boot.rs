@@ -99,7 +99,17 @@ async fn start_actors(ctx: Ctx) -> Result<Node, StartError> {
     let auth = Arc::new(Auth::new(config.auth.unwrap_or(AuthMode::Off), ctx.sched.clone()));
     let quotas = Arc::new(Quotas::new(config.quotas.clone()));
     let join = std::sync::Mutex::new(Some(join));
-    Ok(Node { inner: Arc::new(Inner { ctx, auth, quotas, health, supervisor, join }) })
+    Ok(Node {
+        inner: Arc::new(Inner {
+            ctx,
+            auth,
+            quotas,
+            health,
+            supervisor,
+            join,
+            store_doubt: std::sync::Mutex::new(None),
+        }),
+    })
 }
 
 /// Runs the retention sweeper every `retention_sweep_ms` while the node lives.

@@ -163,3 +163,45 @@ async fn unverified_reads_of_a_damaged_store_never_panic_out_of_the_layer() {
     }
     eprintln!("{}", outcomes.join("\n"));
 }
+
+/// `kairos check`'s record pass on a damaged store that the engine can only partly read: it
+/// never fails outright (losing everything it read), but reports what it could read and where
+/// reading stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_check_reports_what_it_read_before_the_damage() {
+    use kairos_layer::keys::Keyspace;
+    use kairos_layer::ops::check::check_records;
+    let ks = Keyspace::new("kairos");
+    let mut stopped = 0;
+    for seed in 0..8 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.redb");
+        let (_, db) = open(&path, VerifyAtOpen::WhenInDoubt);
+        for chunk in 0..KEYS / 1_000 {
+            let ks = &ks;
+            db.run(|tx| async move {
+                for i in chunk * 1_000..(chunk + 1) * 1_000 {
+                    tx.set(&ks.execution("default", &format!("{i:026}")), &[7u8; 200])?;
+                }
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+        }
+        db.close().await;
+        damage(&path, 200 + seed);
+        let options =
+            EmbeddedOptions { verify_at_open: VerifyAtOpen::Never, ..EmbeddedOptions::default() };
+        let Ok(edb) = EmbeddedDatabase::open_with(&path, clock(), options) else { continue };
+        let db = Database::new(Arc::new(edb), clock(), Rng::seeded(1));
+        let report = check_records(&db, &ks, |_| {}).await;
+        let report = report.unwrap_or_else(|e| panic!("seed {seed}: the report is lost: {e}"));
+        assert!(!report.is_clean(), "seed {seed}: values that do not decode are findings");
+        if let Some(at) = &report.stopped {
+            stopped += 1;
+            assert!(report.findings.iter().any(|f| f.problem.contains("cannot be read")), "{at}");
+        }
+        db.close().await;
+    }
+    eprintln!("{stopped} of 8 damaged stores could not be read to their end");
+}

@@ -66,7 +66,10 @@ async fn lease_expiry_retries_with_backoff_then_fails_after_max_attempts() {
         let claimed = w.sched.claim_for(NS, "report", "w", 1, Some(5_000)).await.unwrap();
         assert_eq!(claimed.len(), 1, "attempt {attempt} claimed");
         assert_eq!(claimed[0].attempt.number, attempt);
-        // The worker dies: no heartbeat. Just before expiry nothing happens.
+        // The worker got it (its first heartbeat), then dies: no heartbeat after it. Just
+        // before expiry nothing happens.
+        let token = claimed[0].attempt.fencing_token;
+        w.sched.heartbeat_one(NS, &id, token).await.unwrap();
         w.advance_ms(4_999);
         w.fire_all().await;
         assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Running);
@@ -145,7 +148,8 @@ async fn stale_tokens_change_nothing() {
     let w = world(5, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim_for(NS, "report", "old-worker", 1, Some(5_000)).await.unwrap();
+    let old = w.sched.claim_for(NS, "report", "old-worker", 1, Some(5_000)).await.unwrap();
+    w.sched.heartbeat_one(NS, &id, old[0].attempt.fencing_token).await.unwrap(); // it got it
     w.advance_ms(5_000);
     w.fire_all().await; // lease expired: RETRY_WAIT
     let e = w.sched.get(NS, &id).await.unwrap();
@@ -409,6 +413,38 @@ async fn an_unassigned_claim_is_released_uncounted_when_no_worker_confirmed_it()
     w.check_invariants().await;
 }
 
+/// An attempt started for a waiting worker (by a claim, as by a fire matched to it) whose node
+/// died before handing it over: the worker never heard of it, so when its lease runs out it is
+/// released uncounted — repeated crashes cannot FAIL an execution no handler ever saw.
+#[tokio::test]
+async fn an_attempt_for_a_waiting_worker_that_never_got_it_is_not_counted() {
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::worker::Beat;
+    let w = world(24, FaultConfig::none()).await;
+    let a = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    let b = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    let slot = ClaimSlot { worker_id: "w1".into(), max: 2, lease_ms: None };
+    let claimed: Vec<_> =
+        w.sched.claim(NS, "report", &[slot]).await.map(|o| o.per_slot).unwrap().concat();
+    assert_eq!(claimed.len(), 2);
+    assert!(claimed.iter().all(|c| c.execution.worker_id == "w1" && !c.execution.worker_confirmed));
+    // `a` reaches the worker (its heartbeat); `b` was lost with the node that claimed it.
+    let ta = claimed.iter().find(|c| c.execution.id == a).unwrap().attempt.fencing_token;
+    w.advance_ms(1_000);
+    let beat = Beat { namespace: NS.into(), execution_id: a.clone(), token: ta, worker_id: None };
+    w.sched.heartbeat(vec![beat]).await.unwrap().pop().unwrap().unwrap();
+    assert!(w.sched.get(NS, &a).await.unwrap().worker_confirmed);
+    w.advance_ms(31_000); // both leases run out
+    w.fire_all().await;
+    let ea = w.sched.get(NS, &a).await.unwrap();
+    assert_eq!(ea.status(), ExecutionStatus::RetryWait, "a confirmed attempt lost: counted");
+    let eb = w.sched.get(NS, &b).await.unwrap();
+    assert_eq!(eb.status(), ExecutionStatus::Ready, "one its worker never got is released");
+    assert_eq!(eb.attempts_released, 1);
+    w.check_invariants().await;
+}
+
 #[tokio::test]
 async fn a_poison_timer_is_quarantined_and_the_shard_goes_on() {
     use kairos_layer::keys::TimerKey;
@@ -504,7 +540,10 @@ async fn an_attempt_timeout_is_reported_as_such_not_as_a_lost_lease() {
     req.definition_version = 3;
     let id2 = w.sched.submit(req).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim_for(NS, "report", "w", 5, None).await.unwrap();
+    for c in w.sched.claim_for(NS, "report", "w", 5, None).await.unwrap() {
+        let (e, token) = (&c.execution.id, c.attempt.fencing_token);
+        w.sched.heartbeat_one(NS, e, token).await.unwrap(); // the worker got them
+    }
     w.advance_ms(31_000);
     w.fire_all().await;
     let e2 = w.sched.get(NS, &id2).await.unwrap();

@@ -23,6 +23,7 @@ pub mod error;
 pub mod executors;
 pub mod limits;
 pub mod tls;
+pub mod views;
 pub mod worker;
 
 pub use client::{Client, SubmitBuilder, Submitted};

@@ -12,3 +12,6 @@ pub const DECODE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const RESULTS_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
 /// Most results in one message (the node takes at most 1,000 at once).
 pub const RESULTS_PER_MESSAGE_MAX: usize = 256;
+/// Most executions (or cron jobs) one list page holds: the node's bound (`LIST_PAGE_MAX` in
+/// `kairos-layer`), which `kairosctl --limit` checks before asking.
+pub const LIST_PAGE_MAX: u32 = 1_000;

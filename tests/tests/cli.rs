@@ -289,6 +289,20 @@ fn the_console_without_a_node() {
     assert_eq!(console(&["--endpoint", &closed], "nodes\n").code, 0);
 }
 
+/// Runs `bin` with its stdout a pipe whose reader has already gone.
+fn closed_stdout(bin: &str, args: &[&str]) -> Run {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(bin)
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    output(out)
+}
+
 struct Killed(Child);
 
 impl Drop for Killed {
@@ -354,7 +368,16 @@ fn against_a_node_retries_and_the_console() {
     let r = ctl(&[&e[..], &["submit", "registry://jobs/echo", "1", "--affter", "3600"]].concat());
     assert_eq!(r.code, 2);
     let r = ctl(&[&e[..], &["--json", "list"]].concat());
-    assert_eq!(json_of(&r.stdout).as_array().unwrap().len(), 1, "only the one execution");
+    assert_eq!(json_of(&r.stdout)["executions"].as_array().unwrap().len(), 1, "only the one");
+
+    // A reader that leaves early (`| head -1`) ends the command quietly, no panic.
+    for args in [&["--json", "list"][..], &["completions", "bash"][..]] {
+        let r = closed_stdout(KAIROSCTL, &[&e[..], args].concat());
+        assert!(!r.stderr.contains("panicked") && r.code != 101, "{args:?}: {}", r.stderr);
+        assert!(r.stderr.is_empty(), "quietly: {}", r.stderr);
+    }
+    let r = closed_stdout(KAIROS, &["completions", "bash"]);
+    assert!(r.code == 0 && r.stderr.is_empty(), "{}", r.stderr);
 
     // The console: a quoted argument with spaces, a JSON error, then quit → 0.
     let r = console(

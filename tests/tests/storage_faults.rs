@@ -95,9 +95,15 @@ impl Drop for Running {
 }
 
 fn start(dir: &Path) -> Result<Running, String> {
+    start_with(dir, &[])
+}
+
+/// [`start`] with environment variables.
+fn start_with(dir: &Path, env: &[(&str, &str)]) -> Result<Running, String> {
     let (http, grpc) = (free_port(), free_port());
     let log = dir.parent().unwrap().join(format!("node-{http}.log"));
     let child = Command::new(KAIROS)
+        .envs(env.iter().copied())
         .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
         .args(["--listen-http", &format!("127.0.0.1:{http}")])
         .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
@@ -189,6 +195,144 @@ fn a_damaged_store_is_found_by_check_and_refused_by_the_node() {
     // Still refused at the next start: a damaged store is never recorded as closed cleanly.
     let refused = start(&dir).err().expect("refused again");
     assert!(refused.contains("damaged"), "{refused}");
+}
+
+/// A data directory that is the mount point of a volume not mounted is an empty directory:
+/// the marker beside it still says a store lived there, so the node refuses to start a new,
+/// empty cluster in it.
+#[test]
+fn an_unmounted_data_volume_is_not_silently_a_new_cluster() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    let (up, log) = run_node(&dir, &[]);
+    assert!(up, "{log}");
+    assert!(root.path().join(".data.store-created").exists(), "a marker beside the directory");
+    // The volume is not mounted: the directory is there, empty.
+    std::fs::rename(&dir, root.path().join("volume")).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let (up, log) = run_node(&dir, &[]);
+    assert!(!up, "an empty mount point is not a new cluster: {log}");
+    assert!(log.contains("is missing") && log.contains("mounted"), "{log}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing written into it");
+    // Mounted again: the store is served.
+    std::fs::remove_dir(&dir).unwrap();
+    std::fs::rename(root.path().join("volume"), &dir).unwrap();
+    let (up, log) = run_node(&dir, &[]);
+    assert!(up, "{log}");
+}
+
+fn healthz(node: &Running) -> (u16, String) {
+    kairos_tests::http_request(node.http, "GET", "/healthz", &[], b"").unwrap()
+}
+
+/// A store opened after a crash without verifying it (larger than the bound) is never
+/// called `ok`: `/healthz` says `unverified` until `kairos check` verified it.
+#[test]
+fn a_store_opened_unverified_after_a_crash_is_not_called_ok() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    let env = [("KAIROS_STORE_VERIFY_AFTER_CRASH_MIB", "0")];
+    let node = start_with(&dir, &env).unwrap();
+    let (s, b) = healthz(&node);
+    assert!(s == 200 && b.starts_with("ok "), "a new store is sound: {b}");
+    let (s, b) =
+        kairos_tests::http_request(node.http, "POST", "/definitions", &[], ECHO.as_bytes())
+            .unwrap();
+    assert_eq!(s, 201, "{b}");
+    drop(node); // SIGKILL: not closed cleanly
+
+    let node = start_with(&dir, &env).unwrap();
+    let (s, b) = healthz(&node);
+    assert_eq!(s, 200, "{b}");
+    assert!(b.starts_with("unverified ") && b.contains("kairos check"), "{b}");
+    node.stop();
+
+    let (ok, out) = check(&dir);
+    assert!(ok, "{out}");
+    let node = start_with(&dir, &env).unwrap();
+    let (_, b) = healthz(&node);
+    assert!(b.starts_with("ok "), "verified by the check, then closed cleanly: {b}");
+    node.stop();
+}
+
+/// XORs 16 bytes at offsets drawn from `seed` in the middle half of `path` with 0xFF (as the
+/// report that found the problem did).
+fn damage(path: &Path, seed: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let len = bytes.len() as u64;
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for _ in 0..16 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let at = (len / 4 + x % (len / 2)) as usize;
+        bytes[at] ^= 0xFF;
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The damage, seed after seed, with real processes: `kairos check` never panics
+/// with a backtrace, always says what it read, and a node on a store the check found damaged
+/// never answers `/healthz` `ok`.
+#[test]
+fn random_damage_is_reported_without_a_panic_and_never_served_as_ok() {
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    let node = start(&pristine).unwrap();
+    let (s, b) =
+        kairos_tests::http_request(node.http, "POST", "/definitions", &[], ECHO.as_bytes())
+            .unwrap();
+    assert_eq!(s, 201, "{b}");
+    for i in 0..400 {
+        let body = serde_json::json!({"definitionUri": "registry://jobs/echo",
+            "definitionVersion": 1, "inputs": {"name": format!("n{i}")}, "delayMs": 3_600_000});
+        let headers = [("Content-Type", "application/json")];
+        let (s, b) = kairos_tests::http_request(
+            node.http,
+            "POST",
+            "/executions",
+            &headers,
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(s, 201, "{b}");
+    }
+    node.stop();
+    let mut found = 0;
+    for seed in 1..=8u64 {
+        let dir = root.path().join(format!("seed-{seed}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in std::fs::read_dir(&pristine).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+        damage(&dir.join("kv.redb"), seed);
+        let out = Command::new(KAIROS)
+            .env("RUST_BACKTRACE", "1")
+            .args(["check", "--data-dir", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!text.contains("panicked") && !text.contains("backtrace"), "seed {seed}: {text}");
+        assert!(matches!(out.status.code(), Some(0 | 1)), "seed {seed}: {:?} {text}", out.status);
+        assert!(text.contains("engine:") && text.contains("records:"), "seed {seed}: {text}");
+        if out.status.success() {
+            continue; // the damage fell where nothing lives (free pages)
+        }
+        found += 1;
+        match start(&dir) {
+            Err(why) => assert!(why.contains("kairos check"), "seed {seed}: {why}"),
+            Ok(node) => {
+                let (s, b) = healthz(&node);
+                assert!(!(s == 200 && b.starts_with("ok")), "seed {seed}: served as {s} {b}");
+            }
+        }
+    }
+    assert!(found > 0, "some damage was found");
 }
 
 /// A tmpfs mounted for one test, unmounted when dropped.

@@ -130,6 +130,12 @@ async fn check(db: &Database, cluster: &str) -> anyhow::Result<CheckReport> {
 
 fn print_report(r: &CheckReport) {
     println!("records: {} keys read, {} executions", r.keys, r.executions);
+    if let Some(at) = &r.stopped {
+        println!(
+            "records: reading STOPPED {at}; what follows is what could be read before it (the \
+             checks across records were not made)"
+        );
+    }
     for (subspace, n) in &r.per_subspace {
         println!("  {subspace:<16} {n}");
     }

@@ -15,6 +15,7 @@
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
 pub mod check;
+mod marker;
 mod serve;
 mod signal;
 
@@ -277,8 +278,17 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         }
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut std::io::stdout());
-            Ok(())
+            // Written whole, then printed: clap_complete panics when stdout is closed, and a
+            // reader that left (`| head -1`) is no error.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut script);
+            use std::io::Write as _;
+            match std::io::stdout().lock().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(anyhow::Error::new(e).context("writing the completion script"))
+                }
+                _ => Ok(()),
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::{Database, StoreHealth};
 
+use super::marker;
 use super::signal::wait_for_signal;
 use crate::api;
 use crate::node::Node;
@@ -32,46 +33,42 @@ fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
     Ok(id)
 }
 
+/// The store, and why its bytes were not verified at the open when they were not (an
+/// embedded store after a crash, too large to verify at start-up).
 async fn open_database(
     config: &NodeConfig,
     clock: SharedClock,
     rng: Rng,
-) -> anyhow::Result<Database> {
+) -> anyhow::Result<(Database, Option<String>)> {
     Ok(match config.backend {
-        Backend::Embedded => {
-            let path = config.data_dir.join("kv.redb");
-            check_store_exists(config, &path)?;
-            let options = kairos_layer::kv::embedded::EmbeddedOptions {
-                cache_bytes: usize::try_from(config.store_cache_mib * 1024 * 1024)
-                    .unwrap_or(usize::MAX),
-                ..Default::default()
-            };
-            let db = kairos_layer::kv::embedded::EmbeddedDatabase::open_database_with(
-                &path, clock, rng, options,
-            )
-            .with_context(|| format!("opening the embedded store {}", path.display()))?;
-            mark_store_created(config)?;
-            db
+        Backend::Embedded => open_embedded(config, clock, rng)?,
+        Backend::Memory => {
+            let db = kairos_layer::kv::memory::MemoryDatabase::open(
+                clock,
+                rng,
+                kairos_layer::kv::memory::FaultConfig::none(),
+            );
+            (db, None)
         }
-        Backend::Memory => kairos_layer::kv::memory::MemoryDatabase::open(
-            clock,
-            rng,
-            kairos_layer::kv::memory::FaultConfig::none(),
-        ),
         Backend::Postgres => {
             let options = config.postgres_options()?.context("backend postgres: no settings")?;
             let at = options.describe().unwrap_or_default();
-            kairos_layer::kv::postgres::PostgresDatabase::connect_database(options, clock, rng)
-                .await
-                .with_context(|| format!("connecting to PostgreSQL at {at} (postgres_url)"))?
+            let db =
+                kairos_layer::kv::postgres::PostgresDatabase::connect_database(options, clock, rng)
+                    .await
+                    .with_context(|| format!("connecting to PostgreSQL at {at} (postgres_url)"))?;
+            (db, None)
         }
         #[cfg(feature = "fdb")]
-        Backend::Fdb => kairos_layer::kv::fdb::FdbDatabase::open_database(
-            config.fdb_cluster_file.as_deref(),
-            clock,
-            rng,
-        )
-        .context("connecting to FoundationDB")?,
+        Backend::Fdb => {
+            let db = kairos_layer::kv::fdb::FdbDatabase::open_database(
+                config.fdb_cluster_file.as_deref(),
+                clock,
+                rng,
+            )
+            .context("connecting to FoundationDB")?;
+            (db, None)
+        }
         #[cfg(not(feature = "fdb"))]
         Backend::Fdb => bail!(
             "backend fdb: this binary was built without the `fdb` feature (cargo build --features fdb)"
@@ -79,41 +76,28 @@ async fn open_database(
     })
 }
 
-/// The marker a data directory keeps once it held a store.
-const STORE_MARKER: &str = "store-created";
-
-/// Refuses to start on a data directory whose store existed and is now missing or empty
-/// (deleted, truncated, a volume not mounted): that would silently be a new, empty cluster.
-fn check_store_exists(config: &NodeConfig, store: &Path) -> anyhow::Result<()> {
-    let marker = config.data_dir.join(STORE_MARKER);
-    let Ok(created) = std::fs::read_to_string(&marker) else { return Ok(()) };
-    let size = std::fs::metadata(store).map(|m| m.len()).ok();
-    if size.is_some_and(|s| s > 0) || config.new_store {
-        return Ok(());
-    }
-    let what = if size.is_none() { "is missing" } else { "is empty" };
-    bail!(
-        "the store {} {what}, but this data directory held one ({}: {}).\n\
-         Restore kv.redb from a backup, or start with --new-store to begin a new, empty cluster \
-         here (what the old store held is lost).",
-        store.display(),
-        marker.display(),
-        created.trim()
-    )
-}
-
-/// Records that the data directory now holds a store.
-fn mark_store_created(config: &NodeConfig) -> anyhow::Result<()> {
-    let marker = config.data_dir.join(STORE_MARKER);
-    if config.new_store || !marker.exists() {
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let now = crate::api::json::rfc3339(ms).unwrap_or_default();
-        std::fs::write(&marker, format!("store created {now} by kairos {}\n", crate::VERSION))
-            .with_context(|| format!("writing {}", marker.display()))?;
-    }
-    Ok(())
+/// The embedded store in the data directory: refused when it vanished, damaged or not.
+fn open_embedded(
+    config: &NodeConfig,
+    clock: SharedClock,
+    rng: Rng,
+) -> anyhow::Result<(Database, Option<String>)> {
+    use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions, Integrity};
+    let path = config.data_dir.join("kv.redb");
+    marker::check_store_exists(config, &path)?;
+    let options = EmbeddedOptions {
+        cache_bytes: usize::try_from(config.store_cache_mib * 1024 * 1024).unwrap_or(usize::MAX),
+        verify_after_crash_bytes_max: config.store_verify_after_crash_mib.saturating_mul(1 << 20),
+        ..Default::default()
+    };
+    let edb = EmbeddedDatabase::open_with(&path, clock.clone(), options)
+        .with_context(|| format!("opening the embedded store {}", path.display()))?;
+    let doubt = match edb.integrity() {
+        Integrity::Unverified { why } => Some(why.clone()),
+        _ => None,
+    };
+    marker::mark_store_created(config)?;
+    Ok((Database::new(Arc::new(edb), clock, rng), doubt))
 }
 
 /// `kairos dev` / `kairos serve`: the node and its listeners, until a signal (drained) or a
@@ -132,14 +116,26 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     };
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
+    if matches!(config.backend, Backend::Embedded) {
+        // Before anything is written into the data directory (its node id).
+        marker::check_store_exists(&config, &config.data_dir.join("kv.redb"))?;
+    }
     config.node_id = Some(node_id(&config, &rng)?);
-    let db = open_database(&config, clock.clone(), rng.fork()).await?;
+    let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;
     let store = describe_store(&config);
     let data_dir = config.data_dir.clone();
     let tls_reload =
         (config.tls_reload_ms > 0).then(|| std::time::Duration::from_millis(config.tls_reload_ms));
     let (listen, listen_grpc) = (config.listen_http, config.listen_grpc);
     let node = Node::start(config, db.clone(), clock, rng).await?;
+    if let Some(why) = doubt {
+        eprintln!(
+            "kairos: WARNING: the store was not verified at start-up ({why}); /healthz says \
+             `unverified` until `kairos check --data-dir {}` verifies it with the node stopped",
+            display_dir(&data_dir)
+        );
+        node.note_store_unverified(why);
+    }
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

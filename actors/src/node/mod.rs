@@ -55,6 +55,9 @@ pub(crate) struct Inner {
     pub(crate) health: tokio::sync::watch::Receiver<StoreHealth>,
     pub(crate) supervisor: ActorRef<SupervisorMsg>,
     pub(crate) join: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Why the store's bytes were not verified when it was opened (an embedded store after a
+    /// crash, too large to verify at start-up); `None` when they were, or need not be.
+    pub(crate) store_doubt: std::sync::Mutex<Option<String>>,
 }
 
 /// A running node. Cheap to clone.
@@ -103,6 +106,17 @@ impl Node {
     /// store fails).
     pub fn watch_store_health(&self) -> tokio::sync::watch::Receiver<StoreHealth> {
         self.inner.health.clone()
+    }
+
+    /// Records why the store was opened without verifying its bytes: `/healthz` says so
+    /// instead of `ok` (nothing shows the store damaged, nothing showed it sound).
+    pub fn note_store_unverified(&self, why: String) {
+        *self.inner.store_doubt.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// Why the store was opened unverified, if it was.
+    pub fn store_doubt(&self) -> Option<String> {
+        self.inner.store_doubt.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Shards this node currently owns.

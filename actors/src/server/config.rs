@@ -184,6 +184,10 @@ pub struct NodeConfig {
     /// `store-created` marker) and it is now missing or empty. Off by default: a vanished
     /// store is refused rather than silently replaced by an empty cluster.
     pub new_store: bool,
+    /// The largest embedded store, in MiB, whose every page is verified at start-up after a
+    /// run that did not close it cleanly (seconds per GiB); a larger one opens unverified and
+    /// `/healthz` says so until `kairos check` verified it.
+    pub store_verify_after_crash_mib: u64,
     /// `keys`: every API call needs an API key; `off`: none (anyone who reaches the ports may
     /// do everything). Absent: `kairos serve` requires keys, `kairos dev` and nodes embedded
     /// in a program do not.
@@ -235,6 +239,7 @@ impl Default for NodeConfig {
             otlp_endpoint: None,
             store_cache_mib: 128,
             new_store: false,
+            store_verify_after_crash_mib: 256,
             auth: None,
         }
     }
@@ -255,7 +260,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 24] = [
+pub const ENV_VARS: [(&str, &str); 25] = [
     ("KAIROS_AUTH", "auth"),
     ("KAIROS_FAIR_SCAN_ROWS", "fair_scan_rows"),
     ("KAIROS_NODE_ID", "node_id"),
@@ -269,6 +274,7 @@ pub const ENV_VARS: [(&str, &str); 24] = [
     ("KAIROS_RETENTION_DAYS", "retention_days"),
     ("KAIROS_OTLP_ENDPOINT", "otlp_endpoint"),
     ("KAIROS_STORE_CACHE_MIB", "store_cache_mib"),
+    ("KAIROS_STORE_VERIFY_AFTER_CRASH_MIB", "store_verify_after_crash_mib"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
     ("KAIROS_POSTGRES_URL", "postgres_url"),
     ("KAIROS_POSTGRES_SCHEMA", "postgres_schema"),
@@ -340,6 +346,7 @@ impl NodeConfig {
             "audit_retention_days" => self.audit_retention_days = num32(value)?,
             "fair_scan_rows" => self.fair_scan_rows = num(value)? as usize,
             "store_cache_mib" => self.store_cache_mib = num(value)?,
+            "store_verify_after_crash_mib" => self.store_verify_after_crash_mib = num(value)?,
             "postgres_pool_size" => self.postgres_pool_size = num(value)? as usize,
             "postgres_statement_timeout_ms" => self.postgres_statement_timeout_ms = num(value)?,
             _ => return Ok(false),

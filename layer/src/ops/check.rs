@@ -52,6 +52,10 @@ pub struct CheckReport {
     pub findings: Vec<Finding>,
     /// Every finding, counted.
     pub finding_count: u64,
+    /// Where reading stopped and why, when the store could not be read to its end (a damaged
+    /// store): the report holds what was read before it, and the checks across records
+    /// (references, indexes, counters) were not made.
+    pub stopped: Option<String>,
 }
 
 impl CheckReport {
@@ -65,6 +69,14 @@ impl CheckReport {
         if self.findings.len() < FINDINGS_KEPT {
             self.findings.push(Finding { key: printable(key), problem: problem.into() });
         }
+    }
+
+    /// Reading stopped at `key`: the first finding shown, whatever else was found.
+    fn stop(&mut self, key: &[u8], problem: String, stopped: String) {
+        self.finding_count += 1;
+        self.findings.insert(0, Finding { key: printable(key), problem });
+        self.findings.truncate(FINDINGS_KEPT);
+        self.stopped = Some(stopped);
     }
 }
 
@@ -88,7 +100,14 @@ pub async fn check_records(
     loop {
         let page = RangeOption::new(begin.clone(), all.end.clone()).limit(CHECK_PAGE);
         let page = &page;
-        let rows = db.run(|tx| async move { tx.get_range(page, true).await }).await?;
+        let rows = match db.run(|tx| async move { tx.get_range(page, true).await }).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                let why = format!("the store cannot be read from here on: {e}");
+                scan.report.stop(&begin, why, format!("at {}: {e}", printable(&begin)));
+                return Ok(scan.report);
+            }
+        };
         for kv in &rows {
             scan.row(ks, &kv.key, &kv.value);
         }
@@ -102,7 +121,12 @@ pub async fn check_records(
     scan.check_receipts();
     // Index entries, checked against the executions they name.
     if scan.report.per_subspace.keys().any(|s| s.starts_with("By")) {
-        check_indexes(db, ks, &scan.r.executions, &scan.r.unreadable, &mut scan.report).await?;
+        let r = check_indexes(db, ks, &scan.r.executions, &scan.r.unreadable, &mut scan.report);
+        if let Err(e) = r.await {
+            let why = format!("the indexes cannot be read to their end: {e}");
+            scan.report.stop(b"", why, format!("reading the indexes: {e}"));
+            return Ok(scan.report);
+        }
     }
     scan.check_counts(ks);
     Ok(scan.report)

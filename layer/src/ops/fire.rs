@@ -409,9 +409,11 @@ impl Scheduler {
             return Ok(false);
         }
         let by_timeout = attempt_timeout_at_ms(e).is_some_and(|t| now_ms >= t);
-        if e.worker_id.is_empty() && !by_timeout && e.attempts_released < RELEASES_UNCOUNTED_MAX {
-            // Claimed by a node's dispatch buffer and never confirmed by a worker (the node
-            // died holding it): it never ran as far as anyone knows — release it, uncounted.
+        let unconfirmed = e.worker_id.is_empty() || !e.worker_confirmed;
+        if unconfirmed && !by_timeout && e.attempts_released < RELEASES_UNCOUNTED_MAX {
+            // Never confirmed by a worker: claimed by a node's dispatch buffer, or started for
+            // a waiting worker (by a claim or the fire transaction) whose node died before
+            // handing it over. It never ran as far as anyone knows — release it, uncounted.
             self.release_attempt(tx, e, now_ms)?;
             return Ok(false);
         }

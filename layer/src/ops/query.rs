@@ -43,8 +43,10 @@ pub struct ListPage {
     /// Pass back to get the next page (opaque: sealed against alteration and bound to the
     /// query); `None` at the end.
     pub next_cursor: Option<Vec<u8>>,
-    /// Ids in range whose record could not be decoded (a damaged store): skipped and reported
-    /// here rather than failing every page that covers them.
+    /// What the page's range holds but could not be read (a damaged store): the ids whose
+    /// record does not decode or is missing although indexed, and `index-entry:<hex key>` for
+    /// an index entry that names no id. Skipped and reported here rather than failing every
+    /// page that covers them — never left out silently.
     pub unreadable: Vec<String>,
 }
 
@@ -240,7 +242,17 @@ impl Scheduler {
                     return Ok(page);
                 }
                 begin = key_after(&kv.key);
-                let (Some(id), Some(v)) = (id, v) else { continue };
+                let (id, v) = match (id, v) {
+                    (Some(id), Some(v)) => (id, v),
+                    (Some(id), None) => {
+                        page.unreadable.push(id); // indexed, but its record is gone
+                        continue;
+                    }
+                    (None, _) => {
+                        page.unreadable.push(unparsed_index_entry(&kv.key));
+                        continue;
+                    }
+                };
                 let Ok(e) = decode::<Execution>("execution", &v) else {
                     page.unreadable.push(id);
                     continue;
@@ -262,8 +274,8 @@ impl Scheduler {
     }
 
     /// The executions a chunk of index rows names, read concurrently (snapshot reads). An
-    /// index key that does not parse names no execution: skipped (and reported by `kairos
-    /// check`), not a failure of every page over it.
+    /// index key that does not parse names no execution: reported in the page's `unreadable`
+    /// (and by `kairos check`), not a failure of every page over it.
     async fn list_chunk(
         &self,
         tx: &Transaction,
@@ -282,4 +294,10 @@ impl Scheduler {
         let found = futures_util::future::try_join_all(loads).await?;
         Ok(ids.into_iter().zip(found).collect())
     }
+}
+
+/// How a page names an index entry whose key names no execution (a damaged store).
+fn unparsed_index_entry(key: &[u8]) -> String {
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    format!("index-entry:{hex}")
 }

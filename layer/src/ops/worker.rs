@@ -229,6 +229,7 @@ impl Scheduler {
         e.attempt_count += 1;
         e.fencing_token += 1;
         e.worker_id = slot.worker_id.clone();
+        e.worker_confirmed = false; // until the worker is heard from
         e.started_at_ms = now_ms;
         e.updated_at_ms = now_ms;
         let lease = slot.lease_ms.unwrap_or(e.lease_ms).clamp(LEASE_MS_MIN, LEASE_MS_MAX);
@@ -403,6 +404,9 @@ impl Scheduler {
             // The worker now running an attempt a dispatch buffer claimed unassigned.
             e.worker_id = b.worker_id.clone().unwrap_or_default();
         }
+        // The attempt reached a worker: from now on a lost lease counts against the budget.
+        let assign = assign || !e.worker_confirmed;
+        e.worker_confirmed = true;
         if e.lease_expires_at_ms != old_expiry || assign {
             // Otherwise nothing to extend (a repeat within the same millisecond, or the attempt
             // timeout caps the lease): write nothing.

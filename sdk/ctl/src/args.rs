@@ -11,7 +11,7 @@ mod cron;
 pub mod values;
 
 pub use cron::{Cron, CronCreate, CronUpdate, Policies};
-use values::{json_value, rfc3339, seconds};
+use values::{cursor, json_value, page_limit, rfc3339, seconds};
 
 /// What the exit codes mean (shown under `--help`).
 pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · \
@@ -124,7 +124,8 @@ pub enum Api {
         /// The execution id.
         execution_id: String,
     },
-    /// Runs a finished execution again.
+    /// Runs a FAILED execution again, as its next attempt with a fresh retry budget (only
+    /// FAILED ones: a SUCCEEDED or CANCELLED execution is final).
     Replay {
         /// The execution id.
         execution_id: String,
@@ -137,17 +138,20 @@ pub enum Api {
         #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = seconds)]
         timeout: Duration,
     },
-    /// Lists executions.
+    /// Lists executions, a page at a time (by execute-at, then id).
     List {
         /// Only executions in this status.
         #[arg(long, value_parser = STATUSES, ignore_case = true)]
         status: Option<String>,
-        /// Only executions of this definition (its name).
-        #[arg(long, value_name = "NAME", default_value = "")]
+        /// Only executions of this definition (registry://jobs/NAME, or its name).
+        #[arg(long, value_name = "URI", default_value = "")]
         definition: String,
-        /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 100)]
+        /// At most this many in the page (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100, value_parser = page_limit)]
         limit: u32,
+        /// The page after the one that printed this cursor.
+        #[arg(long, value_name = "CURSOR", value_parser = cursor)]
+        cursor: Option<Vec<u8>>,
     },
     /// Job definitions: apply, get, list.
     #[command(subcommand)]
@@ -171,8 +175,8 @@ pub enum Api {
     },
     /// Records put aside as unprocessable.
     Quarantined {
-        /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 100)]
+        /// At most this many (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100, value_parser = page_limit)]
         limit: u32,
     },
     /// API keys: create, list, revoke (scope `admin`).
@@ -183,8 +187,8 @@ pub enum Api {
         /// From this time on.
         #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
         from: Option<i64>,
-        /// At most this many (up to 1000).
-        #[arg(long, value_name = "N", default_value_t = 100)]
+        /// At most this many (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100, value_parser = page_limit)]
         limit: u32,
         /// The log of changes to keys of every namespace (`*`) instead.
         #[arg(long)]
@@ -261,7 +265,8 @@ pub enum Definitions {
     },
     /// A definition (its latest version unless --version).
     Get {
-        /// The definition's name.
+        /// The definition: registry://jobs/NAME, or its name.
+        #[arg(value_name = "URI")]
         name: String,
         /// This version.
         #[arg(long, value_name = "N")]

@@ -31,8 +31,8 @@ pub(crate) async fn run(client: &Client, o: &Opts, cmd: Api) -> Result<String, F
         Api::Wait { execution_id, timeout } => {
             executions::wait(client, o, &execution_id, timeout).await
         }
-        Api::List { status, definition, limit } => {
-            executions::list(client, o, status, definition, limit).await
+        Api::List { status, definition, limit, cursor } => {
+            executions::list(client, o, status, definition, limit, cursor).await
         }
         Api::Definitions(d) => definitions::run(client, o, d).await,
         Api::Cron(c) => cron::run(client, o, *c).await,

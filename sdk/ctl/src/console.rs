@@ -155,7 +155,7 @@ fn parse_line(line: &str, session_json: bool) -> Step {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
                     if !json || e.kind() == ErrorKind::DisplayHelp =>
                 {
-                    print!("{}", e.render());
+                    let _ = crate::output::write_stdout(e.render().to_string().as_bytes());
                 }
                 _ => {
                     let text = e.render().to_string();

@@ -70,13 +70,10 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
     };
     match cli.command {
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "kairosctl",
-                &mut std::io::stdout(),
-            );
-            0
+            // Written whole, then printed: clap_complete panics when stdout is closed.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kairosctl", &mut script);
+            output::write_stdout(&script)
         }
         Command::Bench(b) => rt.block_on(bench::main(b.command)),
         Command::Api(cmd) => rt.block_on(async {

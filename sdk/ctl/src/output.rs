@@ -57,22 +57,36 @@ pub(crate) fn time(ms: i64) -> String {
         .map_or_else(|| ms.to_string(), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
-/// An execution as JSON (the HTTP API's field names).
+/// An execution as JSON: the API's one view of it ([`kairos_sdk::views`]).
 pub(crate) fn execution_json(e: &Execution) -> Value {
+    kairos_sdk::views::execution(e, None)
+}
+
+/// A page of executions as the API shows it: `{"executions", "nextCursor", "unreadableIds"}`.
+pub(crate) fn page_json(es: &[Execution], next_cursor: &[u8], unreadable: &[String]) -> Value {
     json!({
-        "executionId": e.execution_id,
-        "namespace": e.namespace,
-        "definitionUri": e.definition_uri,
-        "definitionVersion": e.definition_version,
-        "status": status_name(e.status()),
-        "executeAt": time(e.execute_at_ms),
-        "attemptCount": e.attempt_count,
-        "cancelRequested": e.cancel_requested,
-        "inputs": serde_json::from_str::<Value>(&e.inputs_json).unwrap_or(Value::Null),
-        "output": serde_json::from_str::<Value>(&e.output_json).unwrap_or(Value::Null),
-        "outputReference": e.output_reference,
-        "error": e.error.as_ref().map(|x| json!({"message": x.message, "retryable": x.retryable, "code": x.code})),
+        "executions": es.iter().map(execution_json).collect::<Vec<_>>(),
+        "nextCursor": kairos_sdk::views::cursor_text(next_cursor),
+        "unreadableIds": unreadable,
     })
+}
+
+/// What a table of a page adds below it: the ids it could not read, and how to get the next
+/// page.
+pub(crate) fn page_footer(next_cursor: &[u8], unreadable: &[String]) -> String {
+    let mut out = String::new();
+    if !unreadable.is_empty() {
+        out.push_str(&format!(
+            "\n{} execution(s) in this page could not be read (a damaged store: run `kairos \
+             check`): {}",
+            unreadable.len(),
+            unreadable.join(", ")
+        ));
+    }
+    if let Some(c) = kairos_sdk::views::cursor_text(next_cursor) {
+        out.push_str(&format!("\nmore: --cursor {c}"));
+    }
+    out
 }
 
 /// Columns padded to their widest cell.
@@ -99,12 +113,16 @@ pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
-/// Executions as a table, or a JSON array.
-pub(crate) fn executions_out(o: &Opts, es: &[Execution]) -> String {
+/// One execution: its row, or its JSON view.
+pub(crate) fn execution_out(o: &Opts, e: &Execution) -> String {
     if o.json {
-        return serde_json::to_string_pretty(&es.iter().map(execution_json).collect::<Vec<_>>())
-            .unwrap_or_default();
+        return execution_json(e).to_string();
     }
+    executions_table(std::slice::from_ref(e))
+}
+
+/// Executions as a table.
+pub(crate) fn executions_table(es: &[Execution]) -> String {
     let rows = es
         .iter()
         .map(|e| {
@@ -124,12 +142,14 @@ pub(crate) fn executions_out(o: &Opts, es: &[Execution]) -> String {
     table(&["EXECUTION", "STATUS", "DEFINITION", "EXECUTE AT", "ATTEMPTS"], rows)
 }
 
-/// A definition (and whether it was just registered), as a line or JSON.
+/// A definition (and whether it was just registered), as a line or its JSON view.
 pub(crate) fn definition_out(o: &Opts, d: &Definition, created: Option<bool>) -> String {
     if o.json {
-        return json!({"name": d.name, "version": d.version, "queue": d.queue, "created": created,
-            "inputs": d.inputs.iter().map(|i| i.name.clone()).collect::<Vec<_>>()})
-        .to_string();
+        let mut v = kairos_sdk::views::definition(d);
+        if let Some(c) = created {
+            v["created"] = Value::Bool(c);
+        }
+        return v.to_string();
     }
     let what = match created {
         Some(true) => "registered",
@@ -153,13 +173,29 @@ fn code_name(c: tonic::Code) -> String {
     out
 }
 
+/// The exit code when stdout was closed before everything was written (`kairosctl list |
+/// head -1`): what a Unix tool killed by SIGPIPE exits with, 128 + 13, without a message.
+pub const CLOSED_PIPE_EXIT: i32 = 141;
+
+/// Writes `bytes` to stdout; the exit code: 0, [`CLOSED_PIPE_EXIT`] quietly when the reader
+/// has gone, 1 (saying why) when the write failed otherwise (a full disk).
+pub(crate) fn write_stdout(bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => CLOSED_PIPE_EXIT,
+        Err(e) => {
+            eprintln!("kairosctl: writing the output: {e}");
+            1
+        }
+    }
+}
+
 /// Prints a result (stdout) or an error (stderr; JSON with `--json`); returns the exit code.
 pub(crate) fn report(o: &Opts, r: Result<String, Failure>) -> i32 {
     match r {
-        Ok(out) => {
-            println!("{out}");
-            0
-        }
+        Ok(out) => write_stdout(format!("{out}\n").as_bytes()),
         Err(f) => {
             let code = exit_code(&f);
             let (name, message) = match f {

@@ -32,42 +32,9 @@ use crate::api::json::{self, parse_rfc3339, rfc3339};
 use crate::node::Node;
 use crate::server::auth::Scope;
 
-/// The JSON view of a cron job.
+/// The JSON view of a cron job (the SDK's, as `kairosctl --json` prints it).
 fn view(j: &kairos_proto::storage::v1::CronJob) -> Value {
-    let a = cron_job(j);
-    let p = a.policies.unwrap_or_default();
-    let status = kairos_layer::state::short_name(
-        api::CronStatus::try_from(a.status).unwrap_or_default().as_str_name(),
-    );
-    json!({
-        "cronJobId": a.cron_job_id,
-        "namespace": a.namespace,
-        "definitionUri": a.definition_uri,
-        "definitionVersion": a.definition_version,
-        "inputs": serde_json::from_str::<Value>(&a.inputs_json).unwrap_or(Value::Null),
-        "expression": a.expression,
-        "timezone": a.timezone,
-        "policies": {
-            "dstGap": p.dst_gap, "dstFold": p.dst_fold, "missed": p.missed,
-            "catchUpWindowMs": p.catch_up_window_ms, "overlap": p.overlap,
-            "pauseOnFailure": p.pause_on_failure, "jitterMs": p.jitter_ms,
-        },
-        "status": status,
-        "nextRunAt": rfc3339(a.next_run_at_ms),
-        "lastOccurrence": rfc3339(a.last_occurrence_ms),
-        "lastExecutionId": (!a.last_execution_id.is_empty()).then_some(a.last_execution_id),
-        "startAt": rfc3339(a.start_at_ms),
-        "endAt": rfc3339(a.end_at_ms),
-        "remainingRuns": a.remaining_runs,
-        "notes": a.notes,
-        "pauseReason": (!a.pause_reason.is_empty()).then_some(a.pause_reason),
-        "materializedCount": a.materialized_count,
-        "skippedOverlapCount": a.skipped_overlap_count,
-        "missedCount": a.missed_count,
-        "waitingOccurrences": a.waiting_occurrences_ms.iter().filter_map(|o| rfc3339(*o)).collect::<Vec<_>>(),
-        "createdAt": rfc3339(a.created_at_ms),
-        "updatedAt": rfc3339(a.updated_at_ms),
-    })
+    kairos_sdk::views::cron_job(&cron_job(j))
 }
 
 /// Policies in a request body.

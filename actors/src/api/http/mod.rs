@@ -290,13 +290,21 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, crate::server::metrics::CONTENT_TYPE)], node.metrics_text().await)
 }
 
-/// `200 ok …` while the store takes writes; `503` with the reason while it refuses them (a full
+/// `200 ok …` while the store takes writes (`200 unverified …` when it was opened after a crash
+/// without verifying its pages: nothing shows it damaged, nothing showed it sound); `503` with the reason while it refuses them (a full
 /// disk: reads go on), while it cannot be reached (a database down or cut off: it heals by
 /// itself), or after it failed (the node is stopping).
 async fn healthz(State(node): State<Node>) -> Response {
     let (id, shards) = (node.node_id().to_string(), node.owned_shards().len());
     match node.store_health() {
-        StoreHealth::Healthy => format!("ok node={id} shards={shards}\n").into_response(),
+        StoreHealth::Healthy => match node.store_doubt() {
+            None => format!("ok node={id} shards={shards}\n").into_response(),
+            Some(why) => format!(
+                "unverified node={id} shards={shards}: the store opened without verifying its \
+                 pages ({why}); stop the node and run `kairos check` to verify it\n"
+            )
+            .into_response(),
+        },
         StoreHealth::WritesRefused { reason } => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "30")],

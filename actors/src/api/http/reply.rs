@@ -14,15 +14,12 @@ pub(super) fn respond<T: serde::Serialize>(r: Result<T, ops::Error>) -> Response
     }
 }
 
-/// Lower-case hex of `b`.
+/// Lower-case hex of `b` (the SDK's cursor text).
 pub(super) fn hex_encode(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    kairos_sdk::views::cursor_text(b).unwrap_or_default()
 }
 
 /// The bytes of lower-case or upper-case hex `s`; `None` if it is not hex.
 pub(super) fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    kairos_sdk::views::parse_cursor(s)
 }

@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::values::{json_text, rfc3339, rfc3339_or_empty, seconds_ms};
+use super::values::{cursor, json_text, page_limit, rfc3339, rfc3339_or_empty, seconds_ms};
 
 /// The policies of a schedule (create), each also settable by `cron update`.
 #[derive(Debug, Args, Default)]
@@ -22,8 +22,8 @@ pub struct Policies {
     /// When an occurrence falls due while the previous run is still going.
     #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
     pub overlap: Option<String>,
-    /// Random delay of each run, up to this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds_ms)]
+    /// Random delay of each run, up to this many seconds (at most 3600).
+    #[arg(long, value_name = "SECONDS", value_parser = jitter_seconds)]
     pub jitter: Option<i64>,
     /// The inputs of every run, a JSON object (`{{occurrence}}` placeholders).
     #[arg(long, value_name = "JSON", value_parser = json_text)]
@@ -54,11 +54,14 @@ pub enum Cron {
         /// The schedule's id.
         id: String,
     },
-    /// The schedules.
+    /// The schedules, a page at a time.
     List {
-        /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 100)]
+        /// At most this many in the page (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100, value_parser = page_limit)]
         limit: u32,
+        /// The page after the one that printed this cursor.
+        #[arg(long, value_name = "CURSOR")]
+        cursor: Option<String>,
     },
     /// Deletes a schedule (its executions stay).
     Delete {
@@ -101,7 +104,8 @@ pub enum Cron {
         #[arg(long, value_name = "N", default_value_t = 0)]
         limit: u32,
     },
-    /// Queues the occurrences of a past interval.
+    /// Queues the occurrences of a past interval; what runs of them follows the overlap policy
+    /// (the schedule's, or --overlap): see docs/cron.md "Backfill".
     Backfill {
         /// The schedule's id.
         id: String,
@@ -115,14 +119,25 @@ pub enum Cron {
         #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
         overlap: Option<String>,
     },
-    /// A schedule's executions, oldest occurrence first.
+    /// A schedule's executions, oldest occurrence first, with the occurrence each one is for.
     Runs {
         /// The schedule's id.
         id: String,
-        /// At most this many.
-        #[arg(long, value_name = "N", default_value_t = 100)]
+        /// At most this many in the page (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100, value_parser = page_limit)]
         limit: u32,
+        /// The page after the one that printed this cursor.
+        #[arg(long, value_name = "CURSOR", value_parser = cursor)]
+        cursor: Option<Vec<u8>>,
     },
+}
+
+/// `--jitter` seconds → ms, at most an hour (the node's bound on `jitterMs`).
+fn jitter_seconds(v: &str) -> Result<i64, String> {
+    match seconds_ms(v)? {
+        ms if ms <= 3_600_000 => Ok(ms),
+        _ => Err("at most 3600 seconds (an hour)".into()),
+    }
 }
 
 // The flags of `cron create` (the variant's doc comment is its help).

@@ -38,3 +38,19 @@ pub fn json_value(v: &str) -> Result<Value, String> {
 pub fn json_text(v: &str) -> Result<String, String> {
     json_value(v).map(|j| j.to_string())
 }
+
+/// A page size: 1 to the node's page bound.
+pub fn page_limit(v: &str) -> Result<u32, String> {
+    let max = kairos_sdk::limits::LIST_PAGE_MAX;
+    match v.parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be a number from 1 to {max} (a page: --cursor gives the next)")),
+    }
+}
+
+/// A list cursor, as a page printed it.
+pub fn cursor(v: &str) -> Result<Vec<u8>, String> {
+    kairos_sdk::views::parse_cursor(v)
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| "not a cursor printed by a list (hex)".to_string())
+}

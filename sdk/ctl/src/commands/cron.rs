@@ -12,7 +12,7 @@ use kairos_sdk::Client;
 use serde_json::{Value, json};
 
 use crate::args::{Cron, CronCreate, CronUpdate};
-use crate::output::{Failure, Opts, execution_json, executions_out, table, time};
+use crate::output::{Failure, Opts, execution_json, page_footer, table, time};
 
 fn status_name(j: &CronJob) -> String {
     CronStatus::try_from(j.status)
@@ -22,38 +22,9 @@ fn status_name(j: &CronJob) -> String {
         .to_string()
 }
 
-/// A time for JSON: RFC 3339, or null when unset.
-fn json_time(ms: i64) -> Value {
-    if ms == 0 { Value::Null } else { Value::String(time(ms)) }
-}
-
+/// The API's JSON view of a cron job.
 fn job_json(j: &CronJob) -> Value {
-    let p = j.policies.clone().unwrap_or_default();
-    json!({
-        "cronJobId": j.cron_job_id,
-        "namespace": j.namespace,
-        "definitionUri": j.definition_uri,
-        "definitionVersion": j.definition_version,
-        "inputs": serde_json::from_str::<Value>(&j.inputs_json).unwrap_or(Value::Null),
-        "expression": j.expression,
-        "timezone": j.timezone,
-        "policies": {"dstGap": p.dst_gap, "dstFold": p.dst_fold, "missed": p.missed,
-            "catchUpWindowMs": p.catch_up_window_ms, "overlap": p.overlap,
-            "pauseOnFailure": p.pause_on_failure, "jitterMs": p.jitter_ms},
-        "status": status_name(j),
-        "nextRunAt": json_time(j.next_run_at_ms),
-        "lastOccurrence": json_time(j.last_occurrence_ms),
-        "lastExecutionId": j.last_execution_id,
-        "startAt": json_time(j.start_at_ms),
-        "endAt": json_time(j.end_at_ms),
-        "remainingRuns": j.remaining_runs,
-        "notes": j.notes,
-        "pauseReason": j.pause_reason,
-        "materializedCount": j.materialized_count,
-        "skippedOverlapCount": j.skipped_overlap_count,
-        "missedCount": j.missed_count,
-        "waitingOccurrences": j.waiting_occurrences_ms.iter().map(|o| time(*o)).collect::<Vec<_>>(),
-    })
+    kairos_sdk::views::cron_job(j)
 }
 
 fn jobs_out(o: &Opts, jobs: &[CronJob]) -> String {
@@ -147,22 +118,38 @@ fn update_request(u: CronUpdate) -> UpdateCronJobRequest {
     }
 }
 
-/// `cron runs`: a schedule's executions, each with its occurrence in JSON.
-async fn runs(client: &Client, o: &Opts, id: &str, limit: u32) -> Result<String, Failure> {
-    let page = client.cron_runs(id, limit, Vec::new()).await?;
+/// `cron runs`: a page of a schedule's executions, each with the occurrence it is for.
+async fn runs(
+    client: &Client,
+    o: &Opts,
+    id: &str,
+    limit: u32,
+    cursor: Vec<u8>,
+) -> Result<String, Failure> {
+    let page = client.cron_runs(id, limit, cursor).await?;
     if o.json {
-        let runs: Vec<Value> = page
-            .executions
-            .iter()
-            .map(|e| {
-                let mut v = execution_json(e);
-                v["occurrence"] = Value::String(time(e.cron_occurrence_ms));
-                v
-            })
-            .collect();
-        return Ok(Value::Array(runs).to_string());
+        let runs: Vec<Value> = page.executions.iter().map(execution_json).collect();
+        let next = kairos_sdk::views::cursor_text(&page.next_cursor);
+        return Ok(json!({"executions": runs, "nextCursor": next,
+            "unreadableIds": page.unreadable_ids})
+        .to_string());
     }
-    Ok(executions_out(o, &page.executions))
+    let rows = page
+        .executions
+        .iter()
+        .map(|e| {
+            let status = kairos_sdk::views::execution_status(e.status);
+            vec![
+                time(e.cron_occurrence_ms),
+                e.execution_id.clone(),
+                status,
+                e.attempt_count.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = table(&["OCCURRENCE", "EXECUTION", "STATUS", "ATTEMPTS"], rows);
+    out.push_str(&page_footer(&page.next_cursor, &page.unreadable_ids));
+    Ok(out)
 }
 
 /// Runs `kairosctl cron <subcommand> …`.
@@ -174,9 +161,19 @@ pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, 
         }
         Cron::Update(u) => Ok(job_out(o, &client.update_cron_job(update_request(u)).await?, None)),
         Cron::Get { id } => Ok(job_out(o, &client.get_cron_job(&id).await?, None)),
-        Cron::List { limit } => {
-            let (jobs, _) = client.list_cron_jobs(limit, "").await?;
-            Ok(jobs_out(o, &jobs))
+        Cron::List { limit, cursor } => {
+            let (jobs, next) =
+                client.list_cron_jobs(limit, cursor.as_deref().unwrap_or("")).await?;
+            if o.json {
+                let list: Vec<Value> = jobs.iter().map(kairos_sdk::views::cron_job).collect();
+                let next = (!next.is_empty()).then_some(next);
+                return Ok(json!({"cronJobs": list, "nextCursor": next}).to_string());
+            }
+            let mut out = jobs_out(o, &jobs);
+            if !next.is_empty() {
+                out.push_str(&format!("\nmore: --cursor {next}"));
+            }
+            Ok(out)
         }
         Cron::Pause { id } => Ok(job_out(o, &client.pause_cron_job(&id).await?, None)),
         Cron::Resume { id, catch_up } => {
@@ -213,6 +210,8 @@ pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, 
             }
             Ok(format!("{} occurrences queued for {id}", occ.len()))
         }
-        Cron::Runs { id, limit } => runs(client, o, &id, limit).await,
+        Cron::Runs { id, limit, cursor } => {
+            runs(client, o, &id, limit, cursor.unwrap_or_default()).await
+        }
     }
 }

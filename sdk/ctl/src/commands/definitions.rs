@@ -16,16 +16,14 @@ pub(super) async fn run(client: &Client, o: &Opts, d: Definitions) -> Result<Str
             Ok(definition_out(o, &d, Some(created)))
         }
         Definitions::Get { name, version } => {
-            Ok(definition_out(o, &client.get_definition(&name, version).await?, None))
+            let name = name.strip_prefix("registry://jobs/").unwrap_or(&name);
+            Ok(definition_out(o, &client.get_definition(name, version).await?, None))
         }
         Definitions::List => {
             let ds = client.list_definitions().await?;
             if o.json {
-                let list: Vec<_> = ds
-                    .iter()
-                    .map(|d| json!({"name": d.name, "version": d.version, "queue": d.queue}))
-                    .collect();
-                return Ok(json!(list).to_string());
+                let list: Vec<_> = ds.iter().map(kairos_sdk::views::definition).collect();
+                return Ok(json!({ "definitions": list }).to_string());
             }
             let rows = ds
                 .iter()

@@ -4,10 +4,13 @@ use std::time::Duration;
 
 use kairos_proto::v1::{Attempt, ExecutionStatus, ListExecutionsRequest};
 use kairos_sdk::Client;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::args::Submit;
-use crate::output::{Failure, Opts, execution_json, executions_out, status_name, time};
+use crate::output::{
+    Failure, Opts, execution_json, execution_out, executions_table, page_footer, page_json,
+    status_name, time,
+};
 
 /// `submit`.
 pub(super) async fn submit(client: &Client, o: &Opts, s: Submit) -> Result<String, Failure> {
@@ -45,12 +48,6 @@ fn attempt_status(a: &Attempt) -> &'static str {
     a.status().as_str_name().trim_start_matches("ATTEMPT_STATUS_")
 }
 
-fn attempt_json(a: &Attempt) -> Value {
-    json!({"number": a.number, "status": attempt_status(a),
-        "workerId": a.worker_id, "startedAt": time(a.started_at_ms), "endedAt": time(a.ended_at_ms),
-        "error": a.error.as_ref().map(|x| x.message.clone())})
-}
-
 /// `get`: an execution and its attempts, by id or by idempotency key.
 pub(super) async fn get(
     client: &Client,
@@ -64,11 +61,9 @@ pub(super) async fn get(
         (None, None) => return Err(Failure::Usage("get: an execution id or --key".into())),
     };
     if o.json {
-        let mut v = execution_json(&e);
-        v["attempts"] = attempts.iter().map(attempt_json).collect();
-        return Ok(v.to_string());
+        return Ok(kairos_sdk::views::execution(&e, Some(&attempts)).to_string());
     }
-    let mut out = executions_out(o, std::slice::from_ref(&e));
+    let mut out = executions_table(std::slice::from_ref(&e));
     for a in &attempts {
         out.push_str(&format!(
             "\n  attempt {} {} by {} {} → {}{}",
@@ -93,7 +88,7 @@ pub(super) async fn cancel(client: &Client, o: &Opts, id: &str) -> Result<String
     if o.json {
         return Ok(json!({"cancelled": r.cancelled, "execution": execution_json(&e)}).to_string());
     }
-    let mut out = executions_out(o, std::slice::from_ref(&e));
+    let mut out = executions_table(std::slice::from_ref(&e));
     if !r.cancelled {
         out.push_str(
             "\n  running: its worker was asked to stop; it ends CANCELLED when the attempt ends",
@@ -104,7 +99,7 @@ pub(super) async fn cancel(client: &Client, o: &Opts, id: &str) -> Result<String
 
 /// `replay`.
 pub(super) async fn replay(client: &Client, o: &Opts, id: &str) -> Result<String, Failure> {
-    Ok(executions_out(o, &[client.replay(id).await?]))
+    Ok(execution_out(o, &client.replay(id).await?))
 }
 
 /// `wait`.
@@ -114,16 +109,17 @@ pub(super) async fn wait(
     id: &str,
     timeout: Duration,
 ) -> Result<String, Failure> {
-    Ok(executions_out(o, &[client.wait(id, timeout).await?]))
+    Ok(execution_out(o, &client.wait(id, timeout).await?))
 }
 
-/// `list`.
+/// `list`: one page, and the cursor of the next.
 pub(super) async fn list(
     client: &Client,
     o: &Opts,
     status: Option<String>,
     definition: String,
     limit: u32,
+    cursor: Option<Vec<u8>>,
 ) -> Result<String, Failure> {
     let status = match status {
         None => ExecutionStatus::Unspecified,
@@ -132,8 +128,18 @@ pub(super) async fn list(
                 .ok_or_else(|| Failure::Usage(format!("--status: unknown status {s:?}")))?
         }
     };
-    let request =
-        ListExecutionsRequest { status: status as i32, definition, limit, ..Default::default() };
+    let request = ListExecutionsRequest {
+        status: status as i32,
+        definition,
+        limit,
+        cursor: cursor.unwrap_or_default(),
+        ..Default::default()
+    };
     let page = client.list(request).await?;
-    Ok(executions_out(o, &page.executions))
+    if o.json {
+        return Ok(page_json(&page.executions, &page.next_cursor, &page.unreadable_ids).to_string());
+    }
+    let mut out = executions_table(&page.executions);
+    out.push_str(&page_footer(&page.next_cursor, &page.unreadable_ids));
+    Ok(out)
 }

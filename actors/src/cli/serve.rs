@@ -130,6 +130,11 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         Some(files) => Some(ServerTls::load(files)?),
         None => None,
     };
+    // Before any listener: raise the descriptor limit and fit the connection limits into it.
+    let budget = crate::server::conns::descriptor_budget(&mut config);
+    if let Some(w) = &budget.warning {
+        eprintln!("{w}");
+    }
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);
@@ -156,6 +161,13 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     println!(
         "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; {store}",
         node.node_id(),
+    );
+    let c = node.config();
+    println!(
+        "kairos: at most {} connections per listener, {} per address ({} file descriptors)",
+        c.max_connections,
+        c.max_connections_per_peer,
+        budget.descriptors.map_or("unknown".into(), |n| n.to_string())
     );
     announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
     let tls_watch = tls.as_ref().map(|t| announce_tls(t, tls_reload));

@@ -32,7 +32,7 @@ fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
     Ok(id)
 }
 
-async fn open_database(
+pub(super) async fn open_database(
     config: &NodeConfig,
     clock: SharedClock,
     rng: Rng,
@@ -134,6 +134,15 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let budget = crate::server::conns::descriptor_budget(&mut config);
     if let Some(w) = &budget.warning {
         eprintln!("{w}");
+    }
+    if config.backend == Backend::Embedded || config.data_dir.exists() {
+        let changed = super::files::private_data_dir(&config.data_dir)?;
+        if !changed.is_empty() {
+            eprintln!(
+                "kairos: WARNING: the data directory was readable by other users; made private                  (it holds every namespace's data and the key hashes): {}",
+                changed.join(", ")
+            );
+        }
     }
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
@@ -238,7 +247,7 @@ async fn wait_for_stop(node: &Node) -> bool {
 }
 
 /// The file where a node that requires keys and finds none leaves the first admin key.
-const BOOTSTRAP_KEY_FILE: &str = "admin-key";
+pub(super) const BOOTSTRAP_KEY_FILE: &str = "admin-key";
 
 /// Says how callers get in: loudly when anyone may, and with a first admin key (written to a
 /// file only its owner may read) when keys are required and none exists yet.
@@ -280,7 +289,7 @@ async fn announce_auth(
 }
 
 /// Writes a file only its owner may read.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+pub(super) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -305,6 +314,6 @@ fn describe_store(config: &NodeConfig) -> String {
     }
 }
 
-fn display_dir(p: &Path) -> String {
+pub(super) fn display_dir(p: &Path) -> String {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }

@@ -321,9 +321,10 @@ async fn a_released_attempt_is_ready_again_and_not_counted() {
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
     // The report definition allows 3 attempts: release 5 times, then fail 3 times.
-    for token in 1..=5 {
+    for number in 1..=5 {
         let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
-        assert_eq!(c[0].attempt.fencing_token, token);
+        assert_eq!(c[0].attempt.number, number);
+        let token = c[0].attempt.fencing_token;
         let e = w.sched.release(NS, &id, token).await.unwrap();
         assert_eq!(e.status(), ExecutionStatus::Ready);
         // Idempotent: the same release again answers the same.

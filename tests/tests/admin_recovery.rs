@@ -117,6 +117,22 @@ fn the_last_admin_key_stays_and_a_stopped_node_makes_a_new_one() {
     let (code, out) = ctl(grpc, &second, &["keys", "list"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("recovery"), "{out}");
+    // kairosctl reads the key from a file too (no secret in `ps`).
+    let with_file = |f: &Path| {
+        Command::new(KAIROSCTL)
+            .args(["--endpoint", &format!("http://127.0.0.1:{grpc}"), "--api-key-file"])
+            .arg(f)
+            .arg("whoami")
+            .env_remove("KAIROS_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let o = with_file(&file);
+    assert!(o.status.success(), "{o:?}");
+    let second_id = second.split('_').nth(1).unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains(second_id), "{o:?}");
+    let o = with_file(&dir.path().join("missing"));
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--api-key-file"));
     // With two admin keys, the first may go now.
     let (code, out) = ctl(grpc, &second, &["keys", "revoke", &id]);
     assert_eq!(code, 0, "{out}");

@@ -122,6 +122,7 @@ async fn drain(node: &Node, clock: &SharedClock, n: usize) -> (Vec<i64>, Instant
                             output_reference: String::new(),
                         },
                         worker_id: None,
+                        queue: None,
                     }));
                 }
                 // The no-op handlers finished: report their results in one call.

@@ -30,6 +30,15 @@ pub const ERROR_MESSAGE_BYTES_MAX: usize = 512;
 /// Longest pause between retries of a failing fire or load of a shard owner.
 pub const RETRY_PAUSE_MAX_MS: i64 = 10_000;
 
+// Connections (issue 24; the settings' defaults are in `server::config`).
+/// Descriptors kept for the store, the runtime and outgoing connections: the listeners share
+/// the rest of `RLIMIT_NOFILE`, half each.
+pub const DESCRIPTORS_RESERVED: u64 = 64;
+/// Below this many descriptors the node warns at start-up (`LimitNOFILE`).
+pub const DESCRIPTORS_WANTED: u64 = 4_096;
+/// Keep-alive pings on a gRPC connection not answered within this close it.
+pub const GRPC_KEEPALIVE_TIMEOUT_MS: u64 = 20_000;
+
 // Settings.
 /// The largest clock-skew bound a node accepts (`max_clock_skew_ms`): a quarter of the
 /// shortest attempt lease (1 s), so a worker heartbeating at a third of its lease is never

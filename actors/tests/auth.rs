@@ -445,3 +445,94 @@ async fn keys_are_managed_over_http_too(c: &Cluster, admin_a: &str) {
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
 }
+
+/// Opens a `Work` stream of namespace `a`, queue `job`, with `credits`: the sender (which the
+/// test may keep silent or drop) and the responses.
+async fn work_stream(
+    c: &Cluster,
+    key: &str,
+    credits: u32,
+) -> (
+    tokio::sync::mpsc::Sender<kairos_proto::v1::WorkRequest>,
+    tonic::Streaming<kairos_proto::v1::WorkResponse>,
+) {
+    use kairos_proto::v1::{WorkOpen, WorkRequest};
+    let (tx, rx) = tokio::sync::mpsc::channel::<WorkRequest>(8);
+    let open = WorkOpen {
+        namespace: "a".into(),
+        queue: "job".into(),
+        worker_id: "w1".into(),
+        credits,
+        lease_ms: 0,
+    };
+    tx.send(WorkRequest { open: Some(open), ..Default::default() }).await.unwrap();
+    let mut raw =
+        kairos_proto::v1::worker_service_client::WorkerServiceClient::connect(c.endpoint.clone())
+            .await
+            .unwrap();
+    let mut req =
+        tonic::Request::new(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx));
+    req.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+    (tx, raw.work(req).await.expect("the stream opens").into_inner())
+}
+
+/// Reads `stream` to its end (at most 10 s): the tasks it delivered and how it ended.
+async fn until_end(
+    stream: &mut tonic::Streaming<kairos_proto::v1::WorkResponse>,
+) -> (usize, Option<tonic::Status>) {
+    let mut tasks = 0;
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(m)) => tasks += m.tasks.len(),
+                Ok(None) => return None,
+                Err(s) => return Some(s),
+            }
+        }
+    })
+    .await
+    .expect("the stream ends");
+    (tasks, end)
+}
+
+#[tokio::test]
+async fn a_silent_worker_stream_gets_no_work_once_its_key_is_revoked() {
+    let c = cluster().await;
+    let root_a = c.client(Some(&c.root), "a").await;
+    root_a.register_definition(DEF).await.unwrap();
+    let key = c.key("a", &["worker"]).await;
+    // Many credits, and then the worker never sends again.
+    let (_tx, mut stream) = work_stream(&c, &key, 50).await;
+    let id = key.split('_').nth(1).unwrap().to_string();
+    root_a.revoke_api_key(&id).await.unwrap();
+    // Past the key cache's time, work arrives for the stream's queue.
+    tokio::time::sleep(Duration::from_millis(kairos_actors::server::auth::CACHE_MS as u64 + 200))
+        .await;
+    for _ in 0..5 {
+        root_a.submit("registry://jobs/job", 1).send().await.unwrap();
+    }
+    let (tasks, end) = until_end(&mut stream).await;
+    assert_eq!(tasks, 0, "a revoked key received work");
+    let s = end.expect("ended with an error");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(s.message().contains("revoked"), "{s:?}");
+    // The executions were not lost: a live key's stream gets them.
+    let live = c.key("a", &["worker"]).await;
+    let (_tx, mut stream) = work_stream(&c, &live, 50).await;
+    let mut got = 0;
+    while got < 5 {
+        let m = tokio::time::timeout(Duration::from_secs(10), stream.message()).await;
+        got += m.expect("the executions reach a live worker").unwrap().unwrap().tasks.len();
+    }
+}
+
+#[tokio::test]
+async fn a_stream_the_worker_half_closes_is_not_told_the_node_drains() {
+    let c = cluster().await;
+    let key = c.key("a", &["worker"]).await;
+    let (tx, mut stream) = work_stream(&c, &key, 1).await;
+    drop(tx);
+    let (tasks, end) = until_end(&mut stream).await;
+    assert_eq!(tasks, 0);
+    assert!(end.is_none(), "a clean end, not {end:?}");
+}

@@ -1,28 +1,68 @@
 //! Every listener sets TCP_NODELAY on the connections it accepts: without it each reply's last
 //! segment waits for the client's delayed ACK (~40 ms per call), which capped a worker at a few
-//! hundred calls per second.
+//! hundred calls per second. And a listener admits at most its limits: the excess is closed at
+//! once, before anything is read.
 
-use axum::serve::Listener;
-use kairos_actors::api::{grpc, http};
-use tonic::codegen::tokio_stream::StreamExt;
+use std::time::Duration;
 
-#[tokio::test]
-async fn grpc_connections_are_accepted_with_nodelay() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut accepted = Box::pin(grpc::accepted(listener));
-    let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-    assert!(!client.nodelay().unwrap(), "the client side is left alone");
-    let server_side = accepted.next().await.unwrap().unwrap();
-    assert!(server_side.nodelay().unwrap(), "the accepted socket has TCP_NODELAY");
+use kairos_actors::server::conns::{self, ConnLimits, Gate};
+use tokio::io::AsyncReadExt;
+
+fn limits(max: usize, per_peer: usize) -> ConnLimits {
+    ConnLimits { max, per_peer, idle: Duration::from_secs(60) }
 }
 
 #[tokio::test]
-async fn http_connections_are_accepted_with_nodelay() {
+async fn connections_are_accepted_with_nodelay() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let mut l = http::with_nodelay(listener);
+    let mut admitted = conns::accept(listener, Gate::new("test", limits(8, 8)));
+    let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(!client.nodelay().unwrap(), "the client side is left alone");
+    let (server_side, _) = admitted.recv().await.unwrap();
+    assert!(server_side.get_ref().nodelay().unwrap(), "the accepted socket has TCP_NODELAY");
+}
+
+#[tokio::test]
+async fn connections_over_the_limits_are_closed_at_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gate = Gate::new("test", limits(3, 2));
+    let mut admitted = conns::accept(listener, gate.clone());
+    let from = |ip: &str| {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        s.connect(addr)
+    };
+    let _a1 = from("127.0.0.2").await.unwrap();
+    let _a2 = from("127.0.0.2").await.unwrap();
+    let mut a3 = from("127.0.0.2").await.unwrap();
+    // The third from one address: closed without a byte (end of stream at once).
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(5), a3.read(&mut buf)).await;
+    assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+    let _b1 = from("127.0.0.3").await.unwrap();
+    let mut b2 = from("127.0.0.3").await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), b2.read(&mut buf)).await;
+    assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "the listener is full: {n:?}");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(admitted.recv().await.unwrap());
+    }
+    assert_eq!(gate.open(), 3);
+    held.clear();
+    assert_eq!(gate.open(), 0, "a closed connection gives its place back");
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let short = ConnLimits { idle: Duration::from_millis(300), ..limits(8, 8) };
+    let mut admitted = conns::accept(listener, Gate::new("test", short));
     let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (io, _) = l.accept().await;
-    assert!(io.nodelay().unwrap(), "the accepted socket has TCP_NODELAY");
+    let (mut io, _) = admitted.recv().await.unwrap();
+    let mut buf = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(5), io.read(&mut buf)).await.unwrap();
+    assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
 }

@@ -512,6 +512,7 @@ async fn a_failed_execution(node: &Node) -> String {
         token: claimed.attempt.fencing_token,
         outcome: kairos_layer::ops::worker::Outcome::Failure(no_retry),
         worker_id: None,
+        queue: None,
     };
     node.report(vec![Ok(failure)]).await.unwrap().pop().unwrap().unwrap();
     failed

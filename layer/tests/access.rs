@@ -99,3 +99,28 @@ async fn the_audit_sweep_deletes_exactly_what_is_older_than_its_cutoff() {
     let report = check_records(w.sched.database(), w.sched.keyspace(), |_| {}).await.unwrap();
     assert!(report.is_clean(), "{:#?}", report.findings);
 }
+
+#[tokio::test]
+async fn the_last_cluster_admin_key_cannot_be_revoked() {
+    let w = world(24, FaultConfig::none()).await;
+    let scopes = ["admin".to_string()];
+    let admin = |name: &'static str| w.sched.create_api_key("*", &scopes, name, "test");
+    let first = admin("first").await.unwrap().key.id;
+    // A namespace's admin and a `*` key without `admin` do not count as cluster admins.
+    w.sched.create_api_key("a", &["admin".into()], "ns admin", "test").await.unwrap();
+    let read = ["read".to_string()];
+    let reader = w.sched.create_api_key("*", &read, "all reader", "test").await.unwrap().key.id;
+    let e = w.sched.revoke_api_key(&first, "key:x").await.unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("last admin key") && text.contains("kairos admin-key"), "{text}");
+    assert!(w.sched.api_key(&first).await.unwrap().unwrap().revoked_at_ms == 0, "still live");
+    w.sched.revoke_api_key(&reader, "key:x").await.unwrap();
+    // With a second one, either may go — but not both.
+    let second = admin("second").await.unwrap().key.id;
+    w.sched.revoke_api_key(&first, "key:x").await.unwrap();
+    assert!(w.sched.revoke_api_key(&second, "key:x").await.is_err());
+    let log = w.sched.audit_log("*", 0, 100).await.unwrap();
+    let revokes: Vec<&str> =
+        log.iter().filter(|a| a.action == "key.revoke").map(|a| a.target.as_str()).collect();
+    assert_eq!(revokes, [reader.as_str(), first.as_str()], "a refused revoke records nothing");
+}

@@ -37,16 +37,17 @@ async fn happy_path_fires_at_execute_at_and_completes() {
     let c = &claimed[0];
     assert_eq!(c.execution.status(), ExecutionStatus::Running);
     assert_eq!(c.attempt.number, 1);
-    assert_eq!(c.attempt.fencing_token, 1);
+    let token = c.attempt.fencing_token;
+    assert!(token > 1 << 20, "an unguessable token, not the attempt number: {token}");
     assert_eq!(c.attempt.lease_expires_at_ms, at + 30_000, "the definition's 30 s lease");
     w.check_invariants().await;
 
     w.advance_ms(10_000);
-    let hb = w.sched.heartbeat_one(NS, &id, 1).await.unwrap();
+    let hb = w.sched.heartbeat_one(NS, &id, token).await.unwrap();
     assert_eq!(hb.lease_expires_at_ms, at + 40_000);
     assert!(!hb.cancel_requested);
     let out = br#"{"report_uri":"s3://reports/1"}"#.to_vec();
-    let e = w.sched.complete(NS, &id, 1, out.clone(), "s3://reports/1".into()).await.unwrap();
+    let e = w.sched.complete(NS, &id, token, out.clone(), "s3://reports/1".into()).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Succeeded);
     assert_eq!(e.output_json, out);
     let attempts = w.sched.attempts(NS, &id).await.unwrap();
@@ -103,7 +104,7 @@ async fn lease_expiry_retries_with_backoff_then_fails_after_max_attempts() {
     assert_eq!(e.status(), ExecutionStatus::Ready);
     let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     assert_eq!(c[0].attempt.number, 4);
-    assert_eq!(c[0].attempt.fencing_token, 4);
+    assert!(c[0].attempt.fencing_token > 1 << 20);
     w.check_invariants().await;
 }
 
@@ -112,15 +113,16 @@ async fn heartbeats_keep_the_lease_and_the_timer_follows() {
     let w = world(3, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim_for(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+    let c = w.sched.claim_for(NS, "report", "w", 1, Some(5_000)).await.unwrap();
+    let token = c[0].attempt.fencing_token;
     for _ in 0..5 {
         w.advance_ms(4_000);
-        w.sched.heartbeat_one(NS, &id, 1).await.unwrap();
+        w.sched.heartbeat_one(NS, &id, token).await.unwrap();
         w.fire_all().await; // lease-check timers fire and move to the renewed expiry
         assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Running);
         w.check_invariants().await;
     }
-    w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap();
+    w.sched.complete(NS, &id, token, Vec::new(), String::new()).await.unwrap();
     w.check_invariants().await;
 }
 
@@ -132,13 +134,15 @@ async fn retryable_and_permanent_failures() {
     w.fire_all().await;
     let claimed = w.sched.claim_for(NS, "report", "w", 2, None).await.unwrap();
     assert_eq!(claimed.len(), 2);
-    let e = w.sched.fail(NS, &a, 1, err("flaky", true)).await.unwrap();
+    let token =
+        |id: &str| claimed.iter().find(|c| c.execution.id == id).unwrap().attempt.fencing_token;
+    let e = w.sched.fail(NS, &a, token(&a), err("flaky", true)).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::RetryWait);
-    let e = w.sched.fail(NS, &b, 1, err("bad input", false)).await.unwrap();
+    let e = w.sched.fail(NS, &b, token(&b), err("bad input", false)).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Failed, "permanent errors are not retried");
     assert_eq!(e.error.as_ref().unwrap().message, "bad input");
     // Failing again with the same token is a no-op (idempotent), not a second failure.
-    let again = w.sched.fail(NS, &b, 1, err("bad input", false)).await.unwrap();
+    let again = w.sched.fail(NS, &b, token(&b), err("bad input", false)).await.unwrap();
     assert_eq!(again, e);
     w.check_invariants().await;
 }
@@ -149,31 +153,34 @@ async fn stale_tokens_change_nothing() {
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
     let old = w.sched.claim_for(NS, "report", "old-worker", 1, Some(5_000)).await.unwrap();
-    w.sched.heartbeat_one(NS, &id, old[0].attempt.fencing_token).await.unwrap(); // it got it
+    let old = old[0].attempt.fencing_token;
+    w.sched.heartbeat_one(NS, &id, old).await.unwrap(); // it got it
     w.advance_ms(5_000);
     w.fire_all().await; // lease expired: RETRY_WAIT
     let e = w.sched.get(NS, &id).await.unwrap();
     w.advance_ms((e.timer.unwrap().fire_at_ms - w.now_ms()) as u64);
     w.fire_all().await;
     let c = w.sched.claim_for(NS, "report", "new-worker", 1, None).await.unwrap();
-    assert_eq!(c[0].attempt.fencing_token, 2);
+    let new = c[0].attempt.fencing_token;
+    assert!(new != old && c[0].attempt.number == 2);
 
     let before = w.dump().await;
     let stale = [
-        w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap_err(),
-        w.sched.fail(NS, &id, 1, err("late", true)).await.unwrap_err(),
-        w.sched.heartbeat_one(NS, &id, 1).await.unwrap_err(),
+        w.sched.complete(NS, &id, old, Vec::new(), String::new()).await.unwrap_err(),
+        w.sched.fail(NS, &id, old, err("late", true)).await.unwrap_err(),
+        w.sched.heartbeat_one(NS, &id, old).await.unwrap_err(),
         w.sched.heartbeat_one(NS, &id, 7).await.unwrap_err(),
     ];
     for e in &stale {
-        assert!(matches!(e, Error::FencedOut { current: 2, .. }), "{e}");
+        assert!(matches!(e, Error::FencedOut { .. }), "{e}");
         assert!(e.to_string().contains("fenced out"), "{e}");
+        assert!(!e.to_string().contains(&new.to_string()), "the current token is not told: {e}");
     }
     assert_eq!(w.dump().await, before, "stale results changed nothing");
-    w.sched.complete(NS, &id, 2, Vec::new(), String::new()).await.unwrap();
+    w.sched.complete(NS, &id, new, Vec::new(), String::new()).await.unwrap();
     // The timed-out attempt's token stays fenced after the execution finished too.
     assert!(matches!(
-        w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await,
+        w.sched.complete(NS, &id, old, Vec::new(), String::new()).await,
         Err(Error::FencedOut { .. })
     ));
     w.check_invariants().await;
@@ -255,9 +262,10 @@ async fn cancel_before_start_at_once_and_of_a_running_one_through_its_worker() {
     assert!(!c.done);
     assert_eq!(c.execution.status(), ExecutionStatus::Running);
     w.advance_ms(1);
-    assert!(w.sched.heartbeat_one(NS, &run_id, 1).await.unwrap().cancel_requested);
+    let token = claimed[0].attempt.fencing_token;
+    assert!(w.sched.heartbeat_one(NS, &run_id, token).await.unwrap().cancel_requested);
     // Its handler stops and reports a retryable failure: CANCELLED, never retried.
-    let e = w.sched.fail(NS, &run_id, 1, err("stopped", true)).await.unwrap();
+    let e = w.sched.fail(NS, &run_id, token, err("stopped", true)).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Cancelled);
     assert!(e.timer.is_none(), "no retry timer");
     let attempts = w.sched.attempts(NS, &run_id).await.unwrap();
@@ -304,8 +312,9 @@ async fn a_finished_execution_cannot_be_cancelled() {
     let w = world(19, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
-    w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
-    w.sched.complete(NS, &id, 1, Vec::new(), String::new()).await.unwrap();
+    let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
+    let token = c[0].attempt.fencing_token;
+    w.sched.complete(NS, &id, token, Vec::new(), String::new()).await.unwrap();
     let e = w.sched.cancel(NS, &id, "test").await.unwrap_err();
     assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("SUCCEEDED")), "{e}");
 }
@@ -316,9 +325,10 @@ async fn a_released_attempt_is_ready_again_and_not_counted() {
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     w.fire_all().await;
     // The report definition allows 3 attempts: release 5 times, then fail 3 times.
-    for token in 1..=5 {
+    for number in 1..=5 {
         let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
-        assert_eq!(c[0].attempt.fencing_token, token);
+        assert_eq!(c[0].attempt.number, number);
+        let token = c[0].attempt.fencing_token;
         let e = w.sched.release(NS, &id, token).await.unwrap();
         assert_eq!(e.status(), ExecutionStatus::Ready);
         // Idempotent: the same release again answers the same.
@@ -354,8 +364,8 @@ async fn lists_by_every_status_including_the_unindexed_passing_ones() {
         v
     };
     w.fire_all().await;
-    let running =
-        w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap()[0].execution.id.clone();
+    let claimed = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
+    let (running, token) = (claimed[0].execution.id.clone(), claimed[0].attempt.fencing_token);
     let list = |status| {
         let q = ListQuery { namespace: NS.into(), status: Some(status), ..ListQuery::default() };
         let s = w.sched.clone();
@@ -365,7 +375,7 @@ async fn lists_by_every_status_including_the_unindexed_passing_ones() {
     let ready = list(ExecutionStatus::Ready).await;
     assert_eq!(ready.len(), 2);
     assert!(ready.iter().all(|id| ids.contains(id) && *id != running));
-    w.sched.complete(NS, &running, 1, Vec::new(), String::new()).await.unwrap();
+    w.sched.complete(NS, &running, token, Vec::new(), String::new()).await.unwrap();
     assert_eq!(list(ExecutionStatus::Succeeded).await, vec![running.clone()]);
     assert!(list(ExecutionStatus::Running).await.is_empty());
     let attempts = w.sched.attempts(NS, &running).await.unwrap();
@@ -398,6 +408,7 @@ async fn an_unassigned_claim_is_released_uncounted_when_no_worker_confirmed_it()
         execution_id: a.clone(),
         token: ta,
         worker_id: Some("w7".into()),
+        queue: Some("report".into()),
     };
     w.sched.heartbeat(vec![beat]).await.unwrap().pop().unwrap().unwrap();
     assert_eq!(w.sched.get(NS, &a).await.unwrap().worker_id, "w7");

@@ -291,11 +291,13 @@ async fn every_operation_twice_equals_once() {
         w.fire_all().await;
         let claimed = w.sched.claim_for(NS, "report", "w", 2, Some(5_000)).await.unwrap();
         assert_eq!(claimed.len(), 2);
+        let token =
+            |id: &str| claimed.iter().find(|c| c.execution.id == id).unwrap().attempt.fencing_token;
         w.advance_ms(1_000);
-        w.sched.heartbeat_one(NS, &a, 1).await.unwrap();
-        w.sched.complete(NS, &a, 1, b"{}".to_vec(), "ref".into()).await.unwrap();
+        w.sched.heartbeat_one(NS, &a, token(&a)).await.unwrap();
+        w.sched.complete(NS, &a, token(&a), b"{}".to_vec(), "ref".into()).await.unwrap();
         let err = ExecutionError { message: "no".into(), retryable: false, code: String::new() };
-        w.sched.fail(NS, &b, 1, err).await.unwrap();
+        w.sched.fail(NS, &b, token(&b), err).await.unwrap();
         w.sched.replay(NS, &b, "test").await.unwrap();
         w.sched.cancel(NS, &b, "test").await.unwrap();
         w.sched.cancel(NS, &c, "test").await.unwrap();

@@ -190,6 +190,7 @@ async fn heartbeat_and_complete(
             execution_id: c.execution.id.clone(),
             token: c.attempt.fencing_token,
             worker_id: None,
+            queue: None,
         })
         .collect();
     if within.0.is_some() {
@@ -212,6 +213,7 @@ async fn heartbeat_and_complete(
                     output_reference: String::new(),
                 },
                 worker_id: None,
+                queue: None,
             })
         })
         .collect();

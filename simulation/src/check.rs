@@ -167,16 +167,21 @@ pub fn check(plan: &Plan, h: &History) -> Vec<String> {
         }
         let status = ExecutionStatus::try_from(e.status).unwrap_or(ExecutionStatus::Unspecified);
         if status == ExecutionStatus::Succeeded {
-            // The committed result carries the token it ran with: it must be the newest token
-            // any worker was given for this execution (an older one is a stale commit).
+            // The committed result carries the token it ran with: it must be the token of the
+            // newest attempt any worker was given for this execution (an older one's is a stale
+            // commit). Tokens are unguessable values, not counters: attempts are ordered by
+            // their number.
             let out: serde_json::Value = serde_json::from_str(&e.output_json).unwrap_or_default();
             let token = out["token"].as_u64();
-            let newest = starts.iter().map(|s| s.token).max();
+            let newest = starts.iter().max_by_key(|s| s.attempt).map(|s| s.token);
+            let ran = |t: u64| starts.iter().find(|s| s.token == t).map(|s| s.attempt);
             match (token, newest) {
-                (Some(t), Some(n)) if t < n => v.push(format!(
-                    "fencing: {id} committed a result of token {t} after token {n} was granted"
+                (Some(t), Some(n)) if t != n && ran(t).is_some() => v.push(format!(
+                    "fencing: {id} committed a result of attempt {:?} (token {t}) after token {n} \
+                     was granted",
+                    ran(t)
                 )),
-                (Some(t), Some(n)) if t > n => v.push(format!(
+                (Some(t), Some(n)) if t != n => v.push(format!(
                     "fencing: {id} committed token {t} that no worker ran (newest seen {n})"
                 )),
                 (None, _) | (_, None) => v.push(format!(

@@ -4,6 +4,7 @@
 //! kairos dev    [flags]   one node on the embedded backend in ./kairos-data: no set-up
 //! kairos serve  [flags]   a node as configured (file, KAIROS_* env, flags)
 //! kairos check  [flags]   checks a stopped node's store (engine pages, then every record)
+//! kairos admin-key [flags] a new admin key of every namespace, on a stopped node (recovery)
 //! kairos worker --queue Q runs the generic executors for one queue
 //! kairos completions SHELL
 //! ```
@@ -14,7 +15,9 @@
 
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
+mod admin_key;
 pub mod check;
+mod files;
 mod marker;
 mod serve;
 mod signal;
@@ -53,6 +56,9 @@ enum Command {
     Serve(NodeArgs),
     /// Checks a stopped node's store (engine pages, then every record); exits 1 when damaged.
     Check(CheckArgs),
+    /// On a stopped node: creates a new admin key of every namespace and writes its token to
+    /// DIR/admin-key (recovers administration, e.g. after the last admin key was lost).
+    AdminKey(CheckArgs),
     /// Runs the generic executors (`command` and `http` definitions) for one queue.
     Worker(WorkerArgs),
     /// Prints a shell completion script, e.g. `kairos completions bash`.
@@ -264,17 +270,16 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             runtime()?.block_on(serve::run(config))
         }
         Command::Check(a) => {
-            let mut config = base_config(&a.store)?;
-            if let Some(b) = &a.backend {
-                config.set("backend", b)?;
-            }
-            a.postgres.apply(&mut config)?;
-            config.validate()?;
+            let config = store_config(&a)?;
             let damaged = runtime()?.block_on(crate::cli::check::run(&config))?;
             if damaged {
                 bail!("the store is damaged (see above)");
             }
             Ok(())
+        }
+        Command::AdminKey(a) => {
+            let config = store_config(&a)?;
+            runtime()?.block_on(admin_key::run(&config))
         }
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {
@@ -291,6 +296,17 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// The settings of a command on a stopped node's store (`check`, `admin-key`).
+fn store_config(a: &CheckArgs) -> anyhow::Result<NodeConfig> {
+    let mut config = base_config(&a.store)?;
+    if let Some(b) = &a.backend {
+        config.set("backend", b)?;
+    }
+    a.postgres.apply(&mut config)?;
+    config.validate()?;
+    Ok(config)
 }
 
 /// `kairos worker`: runs the generic executors (`command` and `http` definitions) for one queue.

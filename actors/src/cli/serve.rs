@@ -35,7 +35,7 @@ fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
 
 /// The store, and why its bytes were not verified at the open when they were not (an
 /// embedded store after a crash, too large to verify at start-up).
-async fn open_database(
+pub(super) async fn open_database(
     config: &NodeConfig,
     clock: SharedClock,
     rng: Rng,
@@ -114,6 +114,20 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         Some(files) => Some(ServerTls::load(files)?),
         None => None,
     };
+    // Before any listener: raise the descriptor limit and fit the connection limits into it.
+    let budget = crate::server::conns::descriptor_budget(&mut config);
+    if let Some(w) = &budget.warning {
+        eprintln!("{w}");
+    }
+    if config.backend == Backend::Embedded || config.data_dir.exists() {
+        let changed = super::files::private_data_dir(&config.data_dir)?;
+        if !changed.is_empty() {
+            eprintln!(
+                "kairos: WARNING: the data directory was readable by other users; made private                  (it holds every namespace's data and the key hashes): {}",
+                changed.join(", ")
+            );
+        }
+    }
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     if matches!(config.backend, Backend::Embedded) {
@@ -152,6 +166,13 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     println!(
         "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; {store}",
         node.node_id(),
+    );
+    let c = node.config();
+    println!(
+        "kairos: at most {} connections per listener, {} per address ({} file descriptors)",
+        c.max_connections,
+        c.max_connections_per_peer,
+        budget.descriptors.map_or("unknown".into(), |n| n.to_string())
     );
     announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
     let tls_watch = tls.as_ref().map(|t| announce_tls(t, tls_reload));
@@ -222,7 +243,7 @@ async fn wait_for_stop(node: &Node) -> bool {
 }
 
 /// The file where a node that requires keys and finds none leaves the first admin key.
-const BOOTSTRAP_KEY_FILE: &str = "admin-key";
+pub(super) const BOOTSTRAP_KEY_FILE: &str = "admin-key";
 
 /// Says how callers get in: loudly when anyone may, and with a first admin key (written to a
 /// file only its owner may read) when keys are required and none exists yet.
@@ -264,7 +285,7 @@ async fn announce_auth(
 }
 
 /// Writes a file only its owner may read.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+pub(super) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -289,6 +310,6 @@ fn describe_store(config: &NodeConfig) -> String {
     }
 }
 
-fn display_dir(p: &Path) -> String {
+pub(super) fn display_dir(p: &Path) -> String {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }

@@ -128,6 +128,7 @@ pub(crate) fn release(ctx: &Ctx, claimed: Vec<Claimed>) {
                     token: c.attempt.fencing_token,
                     outcome: Outcome::Release,
                     worker_id: None,
+                    queue: None,
                 })
             })
             .collect();

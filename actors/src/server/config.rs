@@ -119,6 +119,21 @@ pub struct NodeConfig {
     pub tls_client_ca_file: Option<PathBuf>,
     /// How often the TLS files are checked for changes (0: only on SIGHUP).
     pub tls_reload_ms: u64,
+    /// Open connections per listener (HTTP, gRPC); the excess is closed at once. Lowered at
+    /// start-up to fit the descriptor limit ([`crate::server::conns::descriptor_budget`]).
+    pub max_connections: usize,
+    /// Open connections per listener from one IP address (at most half of `max_connections`).
+    pub max_connections_per_peer: usize,
+    /// A connection with no byte read or written for this long is closed (both listeners;
+    /// more than `grpc_keepalive_ms`, whose pings keep idle worker streams alive).
+    pub connection_idle_timeout_ms: u64,
+    /// The HTTP listener's limit on reading a request's headers, and on waiting for the next
+    /// request of a kept-alive connection.
+    pub http_header_timeout_ms: u64,
+    /// Concurrent HTTP/2 streams (calls) per gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// How often the node pings an HTTP/2 connection (gRPC); unanswered for 20 s, it is closed.
+    pub grpc_keepalive_ms: u64,
     /// Logical shards, fixed when the cluster is created.
     pub shard_count: u32,
     /// Timer bucket width, fixed when the cluster is created.
@@ -214,6 +229,12 @@ impl Default for NodeConfig {
             tls_key_file: None,
             tls_client_ca_file: None,
             tls_reload_ms: 5_000,
+            max_connections: 4_096,
+            max_connections_per_peer: 1_024,
+            connection_idle_timeout_ms: 120_000,
+            http_header_timeout_ms: 10_000,
+            grpc_max_concurrent_streams: 256,
+            grpc_keepalive_ms: 30_000,
             shard_count: 64,
             bucket_width_ms: 60_000,
             ready_partitions: 0,
@@ -260,7 +281,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 25] = [
+pub const ENV_VARS: [(&str, &str); 31] = [
     ("KAIROS_AUTH", "auth"),
     ("KAIROS_FAIR_SCAN_ROWS", "fair_scan_rows"),
     ("KAIROS_NODE_ID", "node_id"),
@@ -286,6 +307,12 @@ pub const ENV_VARS: [(&str, &str); 25] = [
     ("KAIROS_TLS_KEY_FILE", "tls_key_file"),
     ("KAIROS_TLS_CLIENT_CA_FILE", "tls_client_ca_file"),
     ("KAIROS_TLS_RELOAD_MS", "tls_reload_ms"),
+    ("KAIROS_MAX_CONNECTIONS", "max_connections"),
+    ("KAIROS_MAX_CONNECTIONS_PER_PEER", "max_connections_per_peer"),
+    ("KAIROS_CONNECTION_IDLE_TIMEOUT_MS", "connection_idle_timeout_ms"),
+    ("KAIROS_HTTP_HEADER_TIMEOUT_MS", "http_header_timeout_ms"),
+    ("KAIROS_GRPC_MAX_CONCURRENT_STREAMS", "grpc_max_concurrent_streams"),
+    ("KAIROS_GRPC_KEEPALIVE_MS", "grpc_keepalive_ms"),
 ];
 
 impl NodeConfig {
@@ -335,6 +362,12 @@ impl NodeConfig {
         };
         match setting {
             "tls_reload_ms" => self.tls_reload_ms = num(value)?,
+            "max_connections" => self.max_connections = num(value)? as usize,
+            "max_connections_per_peer" => self.max_connections_per_peer = num(value)? as usize,
+            "connection_idle_timeout_ms" => self.connection_idle_timeout_ms = num(value)?,
+            "http_header_timeout_ms" => self.http_header_timeout_ms = num(value)?,
+            "grpc_max_concurrent_streams" => self.grpc_max_concurrent_streams = num32(value)?,
+            "grpc_keepalive_ms" => self.grpc_keepalive_ms = num(value)?,
             "shard_count" => self.shard_count = num32(value)?,
             "ready_partitions" => self.ready_partitions = num32(value)?,
             "cron_lookahead_ms" => self.cron_lookahead_ms = num(value)?,
@@ -541,6 +574,32 @@ impl NodeConfig {
         }
         if self.tls_reload_ms != 0 && self.tls_reload_ms < 100 {
             return Err(bad("tls_reload_ms", "must be 0 (only on SIGHUP) or at least 100"));
+        }
+        self.validate_connections()
+    }
+
+    /// The listeners' connection limits and time-outs.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
+        if self.max_connections == 0 {
+            return Err(bad("max_connections", "must be at least 1"));
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err(bad("max_connections_per_peer", "must be at least 1"));
+        }
+        if self.http_header_timeout_ms < 100 {
+            return Err(bad("http_header_timeout_ms", "must be at least 100"));
+        }
+        if !(1_000..=3_600_000).contains(&self.grpc_keepalive_ms) {
+            return Err(bad("grpc_keepalive_ms", "must be between 1000 and 3600000"));
+        }
+        if self.connection_idle_timeout_ms <= self.grpc_keepalive_ms {
+            return Err(bad(
+                "connection_idle_timeout_ms",
+                "must be more than grpc_keepalive_ms (its pings keep idle worker streams open)",
+            ));
+        }
+        if self.grpc_max_concurrent_streams == 0 {
+            return Err(bad("grpc_max_concurrent_streams", "must be at least 1"));
         }
         Ok(())
     }

@@ -110,6 +110,15 @@ pub(crate) fn counters_by(
     reg.register(name, help, family);
 }
 
+/// Connections the listeners refused over their limits ([`crate::server::conns`]): HTTP, gRPC.
+/// Process-wide, like the listeners' sockets.
+static CONNECTIONS_REFUSED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Counts a connection refused by listener `listener` (`http` or `grpc`).
+pub fn connection_refused(listener: &str) {
+    CONNECTIONS_REFUSED[usize::from(listener == "grpc")].fetch_add(1, Ordering::Relaxed);
+}
+
 /// Attempt outcomes counted by [`Metrics::attempts`].
 pub const OUTCOMES: [&str; 6] =
     ["succeeded", "failed", "timed_out", "fenced_out", "released", "cancelled"];
@@ -261,6 +270,10 @@ impl Metrics {
         ];
         let help = "Submissions refused by a namespace's quota, by quota.";
         counters_by(reg, "kairos_quota_refused", help, "quota", &refused);
+        let conns =
+            [("http", load(&CONNECTIONS_REFUSED[0])), ("grpc", load(&CONNECTIONS_REFUSED[1]))];
+        let help = "Connections refused over a listener's limits, by listener.";
+        counters_by(reg, "kairos_connections_refused", help, "listener", &conns);
     }
 
     fn register_counters(&self, reg: &mut Registry) {

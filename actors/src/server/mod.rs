@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod conns;
 pub mod log_limit;
 pub mod metrics;
 pub mod quota;

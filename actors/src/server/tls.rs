@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
@@ -36,6 +36,7 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 
 use crate::server::config::{ConfigError, NodeConfig};
+use crate::server::conns::Guarded;
 
 /// Longest a client may take over its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -278,34 +279,29 @@ impl ServerTls {
     }
 }
 
-/// Connections accepted on a listener, their TLS handshakes done.
-pub type Accepted = mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>;
+/// A connection a listener admitted ([`crate::server::conns`]).
+type Admitted = Guarded<TcpStream>;
 
-/// Accepts connections on `listener` (each with `TCP_NODELAY`) and performs each one's TLS
-/// handshake in its own task, with the configuration `config` gives at that moment (so a
-/// reload applies to the next connection). Stops when the receiver is dropped.
+/// Connections accepted on a listener, their TLS handshakes done.
+pub type Accepted = mpsc::Receiver<(TlsStream<Admitted>, SocketAddr)>;
+
+/// Performs the TLS handshake of each connection a listener `admitted` in its own task, with
+/// the configuration `config` gives at that moment (so a reload applies to the next
+/// connection). Stops when the receiver is dropped.
 pub fn accept(
-    listener: TcpListener,
+    mut admitted: mpsc::Receiver<(Admitted, SocketAddr)>,
     config: impl Fn() -> Arc<ServerConfig> + Send + 'static,
 ) -> Accepted {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+                c = admitted.recv() => match c {
+                    Some(c) => c,
+                    None => return,
                 },
                 () = tx.closed() => return,
             };
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-            }
             let acceptor = TlsAcceptor::from(config());
             let tx = tx.clone();
             tokio::spawn(async move {
@@ -330,7 +326,7 @@ pub fn accept(
 /// client has already sent its first request when its certificate is refused, and closing a
 /// socket with unread data resets it, which may discard the alert before the client reads it.
 /// So: end our side, then read what the client sent until it closes (at most a second).
-async fn linger(mut tcp: TcpStream) {
+async fn linger(mut tcp: Admitted) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let drain = async {
         let _ = tcp.shutdown().await;
@@ -342,34 +338,4 @@ async fn linger(mut tcp: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-}
-
-/// A TLS listener for axum: connections whose handshake is done.
-pub struct HttpListener {
-    accepted: Accepted,
-    local: SocketAddr,
-}
-
-impl HttpListener {
-    /// Serves `listener` with the HTTP configuration of `tls`.
-    pub fn new(listener: TcpListener, tls: ServerTls) -> std::io::Result<HttpListener> {
-        let local = listener.local_addr()?;
-        Ok(HttpListener { accepted: accept(listener, move || tls.http_config()), local })
-    }
-}
-
-impl axum::serve::Listener for HttpListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(c) => c,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
 }

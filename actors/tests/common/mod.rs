@@ -62,12 +62,19 @@ impl NodeTestOps for Node {
             token,
             outcome,
             worker_id: None,
+            queue: None,
         };
         one(self.report(vec![Ok(r)]).await?)
     }
 
     async fn heartbeat_one(&self, ns: &str, id: &str, token: u64) -> Result<HeartbeatOutcome> {
-        let beat = Beat { namespace: ns.into(), execution_id: id.into(), token, worker_id: None };
+        let beat = Beat {
+            namespace: ns.into(),
+            execution_id: id.into(),
+            token,
+            worker_id: None,
+            queue: None,
+        };
         one(self.heartbeat(vec![beat]).await?)
     }
 }

@@ -30,6 +30,7 @@ use inputs::check_value;
 pub use inputs::validate_inputs;
 use tree::{Fields, Tree};
 
+mod depth;
 mod inputs;
 mod tree;
 
@@ -126,10 +127,16 @@ pub fn parse_definition(source: impl AsRef<[u8]>) -> Result<JobDefinition> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| err("definition", format!("file is not valid UTF-8 ({e})")))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    // Bounded before any parser runs: a YAML parser's work grows faster than linearly with
-    // nesting (100,000 levels of `[[[…]]]` took 23 s), and no definition needs more than a few.
-    let depth = nesting_bound(text);
-    if depth > MAX_DEFINITION_NESTING {
+    // Bounded before the document is parsed: a YAML parser's work grows faster than linearly
+    // with nesting (100,000 levels of `[[[…]]]` took 23 s), and no definition needs more than
+    // a few. JSON: a linear pre-scan (JSON's quotes are unambiguous); YAML: the parser itself,
+    // stopped at the first collection past the limit ([`depth`]).
+    let json = text.trim_start().starts_with('{');
+    let depth = match json {
+        true => Some(nesting_bound(text)).filter(|d| *d > MAX_DEFINITION_NESTING),
+        false => depth::within(text, MAX_DEFINITION_NESTING).err(),
+    };
+    if let Some(depth) = depth {
         return Err(err(
             "definition",
             format!(
@@ -137,7 +144,7 @@ pub fn parse_definition(source: impl AsRef<[u8]>) -> Result<JobDefinition> {
             ),
         ));
     }
-    let root = if text.trim_start().starts_with('{') {
+    let root = if json {
         serde_json::from_str::<Tree>(text)
             .map_err(|e| err("definition", format!("invalid JSON: {e}")))?
     } else {

@@ -687,9 +687,9 @@ fn defaults_are_validated_and_typed() {
 }
 
 #[test]
-fn deep_nesting_is_refused_before_any_parser_runs() {
+fn deep_nesting_is_refused_before_the_document_is_parsed() {
     // 100,000 levels of flow sequences: what took a YAML parser 23 s. The refusal comes from
-    // the linear pre-scan (its message), so the parser never saw the text.
+    // the depth bound (its message), so the document was never parsed whole.
     let deep = format!("x: {}{}", "[".repeat(100_000), "]".repeat(100_000));
     let e = parse_definition(&deep).unwrap_err();
     assert_eq!(e.field(), "definition");
@@ -699,10 +699,30 @@ fn deep_nesting_is_refused_before_any_parser_runs() {
     assert!(parse_definition(&json).unwrap_err().reason().contains("nests"));
     let dashes = format!("x:\n  {}y\n", "- ".repeat(1_000));
     assert!(parse_definition(&dashes).unwrap_err().reason().contains("nests"));
-    // Just at the limit: the pre-scan lets it through (the schema then refuses it).
-    let ok_depth = format!("x: {}{}", "[".repeat(64), "]".repeat(64));
-    assert_eq!(nesting_bound(&ok_depth), 64);
+    // Just at the limit (the top mapping and 63 sequences): let through (the schema then
+    // refuses it); one more is not.
+    let ok_depth = format!("x: {}{}", "[".repeat(63), "]".repeat(63));
     assert!(!parse_definition(&ok_depth).unwrap_err().reason().contains("nests"));
+    let over = format!("x: {}{}", "[".repeat(64), "]".repeat(64));
+    assert!(parse_definition(&over).unwrap_err().reason().contains("nests 65 levels"));
+    let json_ok = format!("{}{}", "{\"a\":".repeat(64), "}".repeat(64));
+    assert!(!parse_definition(&json_ok).unwrap_err().reason().contains("nests"));
+}
+
+#[test]
+fn a_quote_inside_a_plain_scalar_does_not_hide_nesting() {
+    // Issue 24: `a'b` is a plain scalar to YAML, not the start of a quoted string; the former
+    // pre-scan took it for one, missed the brackets after it, and the parser spent ~89 s of CPU
+    // on 240 KB of them. The parser itself now stops at the 65th level.
+    let deep = format!("x: [a'b, {}{}]", "[".repeat(100_000), "]".repeat(100_000));
+    let e = parse_definition(&deep).unwrap_err();
+    assert!(e.reason().contains("over the limit of 64"), "{e}");
+    let unclosed = format!("name: x\nversion: 1\nexecution: [a'b, {}", "[".repeat(120_000));
+    assert!(parse_definition(&unclosed).unwrap_err().reason().contains("nests"));
+    // Quotes, comments and block scalars holding brackets are still no nesting.
+    let fine =
+        "name: q\nversion: 1\nexecution: {type: command, command: [\"echo\", \"a'b [[[\"]}\n";
+    parse(fine);
 }
 
 #[test]

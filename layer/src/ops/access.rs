@@ -75,6 +75,11 @@ pub fn secret_matches(key: &ApiKey, secret: &str) -> bool {
         && d.iter().zip(&key.secret_sha256).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
+/// Whether a key administers every namespace (`*` with the `admin` scope).
+pub fn is_cluster_admin(key: &ApiKey) -> bool {
+    key.namespace == ALL_NAMESPACES && key.scopes.iter().any(|s| s == "admin")
+}
+
 /// Checks a key's namespace: `*` or a namespace name.
 pub fn check_key_namespace(ns: &str) -> Result<()> {
     if ns == ALL_NAMESPACES {
@@ -212,6 +217,15 @@ impl Scheduler {
                     if key.revoked_at_ms != 0 {
                         return Ok(key);
                     }
+                    if is_cluster_admin(&key) && self.cluster_admins(&tx).await? <= 1 {
+                        return Err(Error::FailedPrecondition(format!(
+                            "API key {} is the last admin key of every namespace (`*`): revoking \
+                             it would leave nobody able to administer the cluster. Create another \
+                             first (kairosctl keys create --for '*' --scope admin), or recover \
+                             access on a stopped node with `kairos admin-key --data-dir DIR`",
+                            key.id
+                        )));
+                    }
                     key.revoked_at_ms = now_ms;
                     key.revoked_by = by.to_string();
                     tx.set(&self.ks.api_key(id), &encode(&key))?;
@@ -226,6 +240,18 @@ impl Scheduler {
                 }
             })
             .await
+    }
+
+    /// How many live admin keys of every namespace exist (read in `tx`, so a concurrent revoke
+    /// of another one conflicts with this transaction).
+    async fn cluster_admins(&self, tx: &Transaction) -> Result<usize> {
+        let rows = tx.get_range(&self.ks.api_keys(), false).await?;
+        let mut n = 0;
+        for kv in rows {
+            let k: ApiKey = decode("api key", &kv.value)?;
+            n += usize::from(k.revoked_at_ms == 0 && is_cluster_admin(&k));
+        }
+        Ok(n)
     }
 
     /// A fresh audit record id (chosen outside a transaction's retry loop, so a retried

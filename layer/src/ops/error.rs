@@ -47,16 +47,14 @@ pub enum Error {
     /// The operation does not apply in the current state (e.g. cancelling a RUNNING execution).
     #[error("{0}")]
     FailedPrecondition(String),
-    /// A worker result or heartbeat whose attempt is no longer current: nothing was changed.
-    #[error("fenced out: execution {execution_id}, fencing token {token}: {reason}")]
+    /// A worker result or heartbeat whose attempt is no longer current (or not the caller's):
+    /// nothing was changed. It names no fencing token, neither the one sent nor the current one
+    /// (a token is the only proof of holding an attempt).
+    #[error("fenced out: execution {execution_id}: {reason}")]
     FencedOut {
         /// The execution.
         execution_id: String,
-        /// The token the request carried.
-        token: u64,
-        /// The current token.
-        current: u64,
-        /// Why the attempt is not current.
+        /// Why the attempt is not the caller's to report.
         reason: String,
     },
     /// A shard write with a stale lease epoch: nothing was changed; the owner must stop.

@@ -77,6 +77,10 @@ pub struct Scheduler {
     pub(crate) config: ClusterConfig,
     pub(crate) clock: SharedClock,
     pub(crate) rng: Rng,
+    /// This process's key for fencing tokens ([`worker::fencing_token`]): drawn at open from
+    /// the OS's random source (the seeded sequence in tests and the simulation), never stored
+    /// or sent anywhere.
+    pub(crate) token_key: [u8; 32],
     /// Weights of namespaces sharing a fire batch (absent: 1); see [`fire`].
     pub(crate) fire_weights: std::sync::Arc<std::collections::BTreeMap<String, u32>>,
     /// Due timers a fire transaction looks at to share its batch (0: time order only).
@@ -155,12 +159,15 @@ impl Scheduler {
             )));
         }
         let ks = ks.with_shards(config.shard_count);
+        let mut token_key = [0u8; 32];
+        token_key.copy_from_slice(&rng.secret(32));
         Ok(Scheduler {
             db,
             ks,
             config,
             clock,
             rng,
+            token_key,
             fire_weights: Default::default(),
             fair_scan_rows: fire::FAIR_SCAN_ROWS,
         })

@@ -56,8 +56,12 @@ pub struct Report {
     /// How it ended.
     pub outcome: Outcome,
     /// The reporting worker (names the attempt's worker if a node's dispatch buffer claimed it
-    /// unassigned); `None` keeps what the attempt has.
+    /// unassigned); `None` keeps what the attempt has. An attempt held by another worker is
+    /// fenced out.
     pub worker_id: Option<String>,
+    /// The queue the reporting worker serves (a worker stream's): an attempt of another queue
+    /// is fenced out. `None`: not checked (a unary call names no queue).
+    pub queue: Option<String>,
 }
 
 /// Checks a result's own fields, naming the field: ids, the worker, the output and its reference,
@@ -130,6 +134,8 @@ pub struct Beat {
     pub token: u64,
     /// The beating worker (names the attempt's worker if it was claimed unassigned).
     pub worker_id: Option<String>,
+    /// The queue the beating worker serves, as in [`Report::queue`].
+    pub queue: Option<String>,
 }
 
 /// The end of an attempt's deadline: its lease, or the attempt timeout if sooner.
@@ -174,26 +180,73 @@ pub(crate) async fn load_attempt(
     }
 }
 
-/// Fails with `FencedOut` unless `token` is the running attempt's.
+/// The fencing token of attempt `number` of execution `ns`/`id`: the first 64 bits of an
+/// HMAC-SHA-256 under this node's secret key (decision 0010). Nobody without the key can
+/// compute it, so only the worker the attempt was handed to knows it; a transaction retried
+/// after a conflict or an unknown commit result computes the same one. Never 0 (no attempt) and
+/// never `previous` (the attempt before it).
+pub(crate) fn fencing_token(key: &[u8; 32], ns: &str, id: &str, number: u32, previous: u64) -> u64 {
+    use hmac::{Hmac, Mac};
+    let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    for part in [ns.as_bytes(), id.as_bytes()] {
+        m.update(&(part.len() as u64).to_be_bytes());
+        m.update(part);
+    }
+    m.update(&number.to_be_bytes());
+    let full = m.finalize().into_bytes();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&full[..8]);
+    let token = u64::from_be_bytes(first);
+    match token {
+        0 => 1 + u64::from(previous == 1),
+        t if t == previous => t ^ 1,
+        t => t,
+    }
+}
+
+fn fenced(e: &Execution, reason: impl Into<String>) -> Error {
+    Error::FencedOut { execution_id: e.id.clone(), reason: reason.into() }
+}
+
+/// Fails with `FencedOut` unless `token` is the running attempt's. The error names neither
+/// token: the caller learns only that its token does not hold the attempt.
 fn fence(e: &Execution, token: u64) -> Result<()> {
     if e.fencing_token != token {
-        return Err(Error::FencedOut {
-            execution_id: e.id.clone(),
-            token,
-            current: e.fencing_token,
-            reason: format!("a newer attempt holds token {}", e.fencing_token),
-        });
+        return Err(fenced(
+            e,
+            "this token holds no running attempt of it (a newer attempt started, or the token is wrong)",
+        ));
     }
     if e.status != ExecutionStatus::Running as i32 {
-        return Err(Error::FencedOut {
-            execution_id: e.id.clone(),
-            token,
-            current: e.fencing_token,
-            reason: format!(
-                "the attempt is over (execution is {})",
-                crate::state::status_name(e.status)
+        return Err(fenced(
+            e,
+            format!("the attempt is over (execution is {})", crate::state::status_name(e.status)),
+        ));
+    }
+    Ok(())
+}
+
+/// Fails with `FencedOut` when the attempt (whose token the caller holds) is another worker's
+/// or of another queue than the caller serves: a result or heartbeat binds to the worker that
+/// holds the attempt and to its queue, not only to the token.
+fn bound(e: &Execution, worker_id: Option<&String>, queue: Option<&String>) -> Result<()> {
+    if let Some(q) = queue.filter(|q| **q != e.queue) {
+        return Err(fenced(
+            e,
+            format!("the attempt is of queue {}, not of {}", e.queue, super::error::shown(q)),
+        ));
+    }
+    if let Some(w) = worker_id.filter(|w| !w.is_empty() && !e.worker_id.is_empty())
+        && *w != e.worker_id
+    {
+        return Err(fenced(
+            e,
+            format!(
+                "the attempt is held by worker {}, not by {}",
+                e.worker_id,
+                super::error::shown(w)
             ),
-        });
+        ));
     }
     Ok(())
 }
@@ -224,10 +277,11 @@ impl Scheduler {
         now_ms: i64,
         wm: i64,
     ) -> Result<()> {
-        let token = e.fencing_token;
+        let previous = e.fencing_token;
         e.status = execution_transition(e.status(), ExecutionEvent::Claim)? as i32;
         e.attempt_count += 1;
-        e.fencing_token += 1;
+        e.fencing_token =
+            fencing_token(&self.token_key, &e.namespace, &e.id, e.attempt_count, previous);
         e.worker_id = slot.worker_id.clone();
         e.worker_confirmed = false; // until the worker is heard from
         e.started_at_ms = now_ms;
@@ -240,7 +294,7 @@ impl Scheduler {
         self.set_timer_with(tx, e, TimerKind::LeaseCheck, deadline, wm)?;
         self.save_execution(tx, Some(stored), e)?;
         assert!(e.status == ExecutionStatus::Running as i32 && e.timer.is_some());
-        assert!(e.fencing_token > token, "fencing tokens only increase");
+        assert!(e.fencing_token != previous, "a new attempt has a new fencing token");
         Ok(())
     }
 
@@ -396,6 +450,7 @@ impl Scheduler {
         now_ms: i64,
     ) -> Result<HeartbeatOutcome> {
         fence(e, b.token)?;
+        bound(e, b.worker_id.as_ref(), b.queue.as_ref())?;
         let old_expiry = e.lease_expires_at_ms;
         e.lease_expires_at_ms = now_ms.saturating_add(e.lease_ms as i64);
         e.lease_expires_at_ms = attempt_deadline_ms(e).max(old_expiry);
@@ -517,22 +572,44 @@ impl Scheduler {
     }
 
     /// Whether `r` repeats a result that already committed (a retry after an unknown commit
-    /// result, or the worker sending it twice): it then answers as the first did.
+    /// result, or the worker sending it twice): it then answers as the first did. A result
+    /// with other content for an attempt that already ended is refused as such (`FencedOut`),
+    /// never answered as if it had been applied.
     async fn already_applied(&self, tx: &Transaction, e: &Execution, r: &Report) -> Result<bool> {
         if e.fencing_token != r.token || e.status == ExecutionStatus::Running as i32 {
             return Ok(false);
         }
-        Ok(match &r.outcome {
-            Outcome::Success { .. } => e.status == ExecutionStatus::Succeeded as i32,
+        let same = match &r.outcome {
+            Outcome::Success { output_json, output_reference } => {
+                e.status == ExecutionStatus::Succeeded as i32
+                    && e.output_json == *output_json
+                    && e.output_reference == *output_reference
+            }
             outcome => {
                 let ended = load_attempt(tx, self, &e.namespace, &e.id, e.attempt_count).await?;
-                matches!(
-                    (outcome, ended.map(|a| a.status())),
-                    (Outcome::Failure(_), Some(AttemptStatus::Failed | AttemptStatus::Cancelled))
-                        | (Outcome::Release, Some(AttemptStatus::Abandoned))
-                )
+                match (outcome, ended) {
+                    (Outcome::Failure(error), Some(a)) => {
+                        matches!(a.status(), AttemptStatus::Failed | AttemptStatus::Cancelled)
+                            && a.error == Some(bounded(error.clone()))
+                    }
+                    (Outcome::Release, Some(a)) => a.status() == AttemptStatus::Abandoned,
+                    _ => false,
+                }
             }
-        })
+        };
+        if !same {
+            return Err(fenced(
+                e,
+                format!(
+                    "attempt {} already ended (execution is {}) with another result; this one \
+                     was not applied",
+                    e.attempt_count,
+                    crate::state::status_name(e.status)
+                ),
+            ));
+        }
+        bound(e, r.worker_id.as_ref(), r.queue.as_ref())?;
+        Ok(true)
     }
 
     async fn apply_report(
@@ -547,6 +624,7 @@ impl Scheduler {
             return Ok(());
         }
         fence(e, r.token)?;
+        bound(e, r.worker_id.as_ref(), r.queue.as_ref())?;
         let before = e.status;
         if let Some(w) = r.worker_id.as_ref().filter(|w| !w.is_empty())
             && e.worker_id.is_empty()

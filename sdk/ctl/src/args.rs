@@ -51,8 +51,19 @@ pub struct Cli {
     )]
     pub namespace: String,
     /// The API key (`kai_…`) sent with every call (nodes run by `kairos serve` require one).
+    /// Prefer KAIROS_API_KEY or --api-key-file: a flag's value is visible to other users in
+    /// `ps`.
     #[arg(long, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
+    /// A file holding the API key (its first line), e.g. the node's DATA_DIR/admin-key.
+    #[arg(
+        long,
+        env = "KAIROS_API_KEY_FILE",
+        hide_env_values = true,
+        value_name = "FILE",
+        conflicts_with = "api_key"
+    )]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// JSON output, for scripts: results on stdout, errors (usage errors too) on stderr as
     /// {"error": {"code", "message", "exitCode"}}.
     #[arg(long, global = true)]

@@ -59,11 +59,20 @@ pub fn main() {
 /// Runs `kairosctl` with these arguments (the first is the program name); returns the exit code.
 pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
     let json = wants_json(&args[1.min(args.len())..]);
-    let cli = match Cli::try_parse_from(&args) {
+    let mut cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
         Err(e) => return clap_exit(&Opts { json }, e),
     };
     let o = Opts { json: cli.json };
+    if let Some(file) = cli.api_key_file.take() {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => cli.api_key = text.lines().next().map(|l| l.trim().to_string()),
+            Err(e) => {
+                let why = format!("--api-key-file {}: {e}", file.display());
+                return report(&o, Err(Failure::Other(why)));
+            }
+        }
+    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return report(&o, Err(Failure::Other(format!("starting the runtime: {e}")))),

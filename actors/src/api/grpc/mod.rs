@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kairos_layer::ops::{self, claim::Claimed};
 use kairos_proto::storage::v1::JobDefinition;
@@ -31,9 +32,10 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::errors::status;
-use crate::limits::DEFINITION_CACHE_MAX;
+use crate::limits::{DEFINITION_CACHE_MAX, GRPC_KEEPALIVE_TIMEOUT_MS};
 use crate::node::Node;
 use crate::server::auth::{Principal, Scope};
+use crate::server::conns::{self, ConnLimits, Gate};
 use crate::server::tls::ServerTls;
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -156,7 +158,12 @@ impl Api {
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
+        let config = self.node.config();
+        let admitted = conns::accept(listener, Gate::new("grpc", ConnLimits::of(config)));
         let router = tonic::transport::Server::builder()
+            .max_concurrent_streams(config.grpc_max_concurrent_streams)
+            .http2_keepalive_interval(Some(Duration::from_millis(config.grpc_keepalive_ms)))
+            .http2_keepalive_timeout(Some(Duration::from_millis(GRPC_KEEPALIVE_TIMEOUT_MS)))
             .add_service(ExecutionServiceServer::new(self.clone()))
             .add_service(WorkerServiceServer::new(self.clone()))
             .add_service(DefinitionServiceServer::new(self.clone()))
@@ -164,10 +171,14 @@ impl Api {
             .add_service(AdminServiceServer::new(self));
         let task = tokio::spawn(async move {
             let served = match tls {
-                None => router.serve_with_incoming_shutdown(accepted(listener), shutdown).await,
+                None => {
+                    let incoming = tokio_stream::wrappers::ReceiverStream::new(admitted)
+                        .map(|(io, _peer)| Ok::<_, std::io::Error>(io));
+                    router.serve_with_incoming_shutdown(incoming, shutdown).await
+                }
                 Some(tls) => {
                     let handshaken =
-                        crate::server::tls::accept(listener, move || tls.grpc_config());
+                        crate::server::tls::accept(admitted, move || tls.grpc_config());
                     let incoming = tokio_stream::wrappers::ReceiverStream::new(handshaken)
                         .map(|(io, _peer)| Ok::<_, std::io::Error>(io));
                     router.serve_with_incoming_shutdown(incoming, shutdown).await
@@ -179,17 +190,6 @@ impl Api {
         });
         Ok((bound, task))
     }
-}
-
-/// Accepted connections, each with `TCP_NODELAY` set, as the stream tonic serves.
-pub fn accepted(
-    listener: tokio::net::TcpListener,
-) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| {
-        let s = r?;
-        s.set_nodelay(true)?;
-        Ok(s)
-    })
 }
 
 /// The `traceparent` metadata of a call.

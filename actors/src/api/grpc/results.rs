@@ -12,8 +12,12 @@ use tonic::Status;
 use super::{Api, status};
 use crate::server::auth::{Principal, Scope};
 
-/// A worker's result as the layer takes it (the stream's namespace when it names none).
-fn report_of(ns: &str, worker: &str, r: TaskResult) -> Result<Report, Error> {
+/// Who reports: the worker's id (may be empty) and, on a worker stream, the queue it serves.
+pub(super) type Reporter<'a> = (&'a str, Option<&'a str>);
+
+/// A worker's result as the layer takes it (the stream's namespace when it names none), bound
+/// to the reporting worker and its queue.
+fn report_of(ns: &str, (worker, queue): Reporter<'_>, r: TaskResult) -> Result<Report, Error> {
     let outcome = match r.outcome {
         Some(task_result::Outcome::Success(s)) => Outcome::Success {
             output_json: s.output_json.into_bytes(),
@@ -34,6 +38,7 @@ fn report_of(ns: &str, worker: &str, r: TaskResult) -> Result<Report, Error> {
         token: r.fencing_token,
         outcome,
         worker_id: (!worker.is_empty()).then(|| worker.to_string()),
+        queue: queue.map(str::to_string),
     })
 }
 
@@ -64,7 +69,7 @@ impl Api {
         &self,
         caller: &Principal,
         ns: &str,
-        worker: &str,
+        worker: Reporter<'_>,
         results: Vec<TaskResult>,
     ) -> Result<Vec<ResultAck>, Status> {
         let ids: Vec<String> = results.iter().map(|r| r.execution_id.clone()).collect();
@@ -85,7 +90,7 @@ impl Api {
     pub(super) async fn heartbeats(
         &self,
         ns: &str,
-        worker: &str,
+        (worker, queue): Reporter<'_>,
         refs: Vec<TaskRef>,
     ) -> Result<Vec<HeartbeatAck>, Status> {
         let now = self.node.scheduler().clock().now().as_millis();
@@ -96,6 +101,7 @@ impl Api {
                 execution_id: r.execution_id.clone(),
                 token: r.fencing_token,
                 worker_id: (!worker.is_empty()).then(|| worker.to_string()),
+                queue: queue.map(str::to_string),
             })
             .collect();
         let out = self.node.heartbeat(beats).await.map_err(|e| status(&e))?;

@@ -1,7 +1,15 @@
 //! The `Work` stream: a worker opens it with its queue and free slots, gets tasks as the
 //! dispatcher hands them out, and sends credits, results and heartbeats on the same stream.
-//! Authenticated at open; a key (not the node's own principal) is checked again as the stream
-//! goes on, so a revoked key ends it (a busy store does not).
+//! Authenticated at open; a key (not the node's own principal) is checked again while the
+//! stream lives — before each delivery and every [`CACHE_MS`] even when the worker sends
+//! nothing — so a revoked key gets no more work and its stream ends with UNAUTHENTICATED (a
+//! busy store does not end it). Results and heartbeats on a stream are bound to its worker and
+//! queue. How a stream ends says why: UNAUTHENTICATED (key refused), UNAVAILABLE (the node is
+//! draining), or a clean end when the worker closed its side.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::{self, error::invalid};
@@ -13,7 +21,7 @@ use tonic::{Request, Status, Streaming};
 use super::results::lease_of;
 use super::{Api, WorkStream, or_default, status};
 use crate::limits::WORK_MESSAGE_BYTES_MAX;
-use crate::node::WorkerStream;
+use crate::node::{Node, WorkerStream};
 use crate::server::auth::{CACHE_MS, Principal, Scope};
 
 type Out = mpsc::Sender<Result<WorkResponse, Status>>;
@@ -21,14 +29,63 @@ type Out = mpsc::Sender<Result<WorkResponse, Status>>;
 /// Responses queued on one worker stream before its writer waits.
 const STREAM_BUFFER: usize = 256;
 
+/// The stream is open.
+const OPEN: u8 = 0;
+/// The worker closed its side: the stream ends cleanly.
+const CLIENT_CLOSED: u8 = 1;
+/// The key was refused: the stream ended with UNAUTHENTICATED.
+const KEY_REFUSED: u8 = 2;
+
+/// What a stream's request loop and its delivery loop share: its key, when it was last
+/// checked, and why the stream is ending.
+struct Shared {
+    /// The key to check again as the stream goes on (`None`: the node's own principal).
+    recheck: Option<Vec<u8>>,
+    /// When the key was last checked (node clock, ms).
+    checked_ms: Mutex<i64>,
+    /// [`OPEN`], [`CLIENT_CLOSED`] or [`KEY_REFUSED`].
+    ending: AtomicU8,
+}
+
+impl Shared {
+    fn ending(&self) -> u8 {
+        self.ending.load(Ordering::Acquire)
+    }
+
+    /// Whether the stream's key still authenticates: read again once the last check is
+    /// [`CACHE_MS`] old. Only a refused key fails (a busy store does not end the stream).
+    async fn key_ok(&self, node: &Node) -> Result<(), Status> {
+        if self.ending() == KEY_REFUSED {
+            return Err(Status::unauthenticated("the stream's API key was refused"));
+        }
+        let Some(header) = &self.recheck else { return Ok(()) };
+        let now = node.scheduler().clock().now().as_millis();
+        {
+            let mut at = self.checked_ms.lock().unwrap_or_else(|e| e.into_inner());
+            if now.saturating_sub(*at) < CACHE_MS {
+                return Ok(());
+            }
+            *at = now;
+        }
+        let h = (!header.is_empty()).then_some(header.as_slice());
+        match node.auth().authenticate(h).await {
+            Err(e @ ops::Error::Unauthenticated(_)) => {
+                self.ending.store(KEY_REFUSED, Ordering::Release);
+                Err(status(&e))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// An open stream, as its request loop serves it.
 struct Conn {
     api: Api,
     caller: Principal,
-    /// The key to check again as the stream goes on (`None`: the node's own principal).
-    recheck: Option<Vec<u8>>,
+    shared: Arc<Shared>,
     ns: String,
     worker: String,
+    queue: String,
     id: u64,
     out: Out,
 }
@@ -51,25 +108,58 @@ impl Api {
         let (tasks, task_rx) = mpsc::unbounded_channel::<Vec<Claimed>>();
         let stream = WorkerStream {
             namespace: ns.clone(),
-            queue: open.queue,
+            queue: open.queue.clone(),
             worker_id: open.worker_id.clone(),
             lease_ms: lease_of(open.lease_ms),
             credits: open.credits as usize,
             tasks,
         };
         let id = self.node.open_stream(stream).await.map_err(|e| status(&e))?;
-        tokio::spawn(self.clone().tasks_out(task_rx, out.clone()));
-        let conn = Conn { api: self.clone(), caller, recheck, ns, worker: open.worker_id, id, out };
+        let now = self.node.scheduler().clock().now().as_millis();
+        let shared =
+            Arc::new(Shared { recheck, checked_ms: Mutex::new(now), ending: AtomicU8::new(OPEN) });
+        tokio::spawn(self.clone().tasks_out(task_rx, out.clone(), shared.clone(), id));
+        let conn = Conn {
+            api: self.clone(),
+            caller,
+            shared,
+            ns,
+            worker: open.worker_id,
+            queue: open.queue,
+            id,
+            out,
+        };
         tokio::spawn(conn.serve(inbound, first));
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx)))
     }
 
-    /// Tasks out: what the dispatcher hands this stream, converted; anything the client can no
-    /// longer take goes back as orphans. Ends the stream when the dispatcher lets go of it.
-    async fn tasks_out(self, mut task_rx: mpsc::UnboundedReceiver<Vec<Claimed>>, out: Out) {
-        while let Some(mut claimed) = task_rx.recv().await {
+    /// Tasks out: what the dispatcher hands this stream, converted and chunked to the stated
+    /// message size, once its key is known to be still good (checked every [`CACHE_MS`] even
+    /// while nothing comes); anything the client can no longer take goes back as orphans. Ends
+    /// the stream when the dispatcher lets go of it.
+    async fn tasks_out(
+        self,
+        mut task_rx: mpsc::UnboundedReceiver<Vec<Claimed>>,
+        out: Out,
+        shared: Arc<Shared>,
+        id: u64,
+    ) {
+        let clock = self.node.scheduler().clock().clone();
+        let every = Duration::from_millis(CACHE_MS.unsigned_abs());
+        loop {
+            let next = tokio::select! {
+                c = task_rx.recv() => c,
+                () = clock.sleep(every) => match shared.key_ok(&self.node).await {
+                    Ok(()) => continue,
+                    Err(s) => return self.refuse(task_rx, &out, id, s).await,
+                },
+            };
+            let Some(mut claimed) = next else { break };
+            if let Err(s) = shared.key_ok(&self.node).await {
+                self.node.orphans(claimed);
+                return self.refuse(task_rx, &out, id, s).await;
+            }
             let mut tasks = self.tasks(&claimed).await;
-            // Chunked to the stated message size, each chunk its own message.
             while !tasks.is_empty() {
                 let n = fitting(&tasks, WORK_MESSAGE_BYTES_MAX);
                 let chunk: Vec<Task> = tasks.drain(..n).collect();
@@ -85,9 +175,28 @@ impl Api {
                 }
             }
         }
-        // The dispatcher let go of this stream (the node is draining): end it, so the worker
-        // reconnects elsewhere.
-        let _ = out.send(Err(Status::unavailable("the node is draining; reconnect"))).await;
+        // The dispatcher let go of this stream. Because the worker closed its side: a clean
+        // end. Because the node is draining: say so, so the worker reconnects elsewhere.
+        if shared.ending() == OPEN {
+            let _ = out.send(Err(Status::unavailable("the node is draining; reconnect"))).await;
+        }
+    }
+
+    /// Ends a stream whose key was refused: no more tasks (what the dispatcher sent meanwhile
+    /// goes back), then UNAUTHENTICATED.
+    async fn refuse(
+        &self,
+        mut task_rx: mpsc::UnboundedReceiver<Vec<Claimed>>,
+        out: &Out,
+        id: u64,
+        s: Status,
+    ) {
+        self.node.close_stream(id);
+        task_rx.close();
+        while let Some(more) = task_rx.recv().await {
+            self.node.orphans(more);
+        }
+        let _ = out.send(Err(s)).await;
     }
 }
 
@@ -117,10 +226,9 @@ async fn opening(inbound: &mut Streaming<WorkRequest>) -> Result<(WorkRequest, W
 }
 
 impl Conn {
-    /// Requests in: credits, results and heartbeats, until the worker closes the stream.
+    /// Requests in: credits, results and heartbeats, until the worker closes the stream (or
+    /// its key is refused).
     async fn serve(self, mut inbound: Streaming<WorkRequest>, first: WorkRequest) {
-        let clock = self.api.node.scheduler().clock().clone();
-        let mut checked_ms = clock.now().as_millis();
         let mut next = Some(first);
         loop {
             let m = match next.take() {
@@ -130,31 +238,22 @@ impl Conn {
                     Ok(None) | Err(_) => break,
                 },
             };
-            let now = clock.now().as_millis();
-            if now.saturating_sub(checked_ms) >= CACHE_MS {
-                checked_ms = now;
-                if !self.key_still_valid().await {
-                    break;
-                }
+            if let Err(s) = self.shared.key_ok(&self.api.node).await {
+                let _ = self.out.send(Err(s)).await;
+                break;
             }
             if !self.handle(m).await {
                 break;
             }
         }
+        // Unless the key was refused (already said), the worker ended its side.
+        let _ = self.shared.ending.compare_exchange(
+            OPEN,
+            CLIENT_CLOSED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         self.api.node.close_stream(self.id);
-    }
-
-    /// Whether the stream's key still authenticates (only a refused key ends the stream).
-    async fn key_still_valid(&self) -> bool {
-        let Some(header) = &self.recheck else { return true };
-        let h = (!header.is_empty()).then_some(header.as_slice());
-        match self.api.node.auth().authenticate(h).await {
-            Err(e @ ops::Error::Unauthenticated(_)) => {
-                let _ = self.out.send(Err(status(&e))).await;
-                false
-            }
-            _ => true,
-        }
     }
 
     /// One request; `false` ends the stream.
@@ -169,9 +268,10 @@ impl Conn {
         }
         if !m.results.is_empty() {
             let (api, out, caller) = (self.api.clone(), self.out.clone(), self.caller.clone());
-            let (ns, worker) = (self.ns.clone(), self.worker.clone());
+            let (ns, worker, queue) = (self.ns.clone(), self.worker.clone(), self.queue.clone());
             tokio::spawn(async move {
-                let msg = match api.report(&caller, &ns, &worker, m.results).await {
+                let who = (worker.as_str(), Some(queue.as_str()));
+                let msg = match api.report(&caller, &ns, who, m.results).await {
                     Ok(acks) => Ok(WorkResponse { acks, ..WorkResponse::default() }),
                     // Not applied (the store is unavailable): the worker sends them again on
                     // its next stream.
@@ -182,9 +282,10 @@ impl Conn {
         }
         if !m.heartbeats.is_empty() {
             let (api, out) = (self.api.clone(), self.out.clone());
-            let (ns, worker) = (self.ns.clone(), self.worker.clone());
+            let (ns, worker, queue) = (self.ns.clone(), self.worker.clone(), self.queue.clone());
             tokio::spawn(async move {
-                if let Ok(heartbeats) = api.heartbeats(&ns, &worker, m.heartbeats).await {
+                let who = (worker.as_str(), Some(queue.as_str()));
+                if let Ok(heartbeats) = api.heartbeats(&ns, who, m.heartbeats).await {
                     let _ =
                         out.send(Ok(WorkResponse { heartbeats, ..WorkResponse::default() })).await;
                 }

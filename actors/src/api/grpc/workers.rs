@@ -59,6 +59,7 @@ impl WorkerService for Api {
             execution_id: r.execution_id,
             token: r.fencing_token,
             worker_id: (!r.worker_id.is_empty()).then_some(r.worker_id),
+            queue: None,
         };
         let h = self
             .node
@@ -87,6 +88,7 @@ impl WorkerService for Api {
                 output_reference: r.output_reference,
             },
             worker_id: (!r.worker_id.is_empty()).then_some(r.worker_id),
+            queue: None,
         };
         ok(ResultResponse { status: self.report_one(report).await? })
     }
@@ -112,6 +114,7 @@ impl WorkerService for Api {
             token: r.fencing_token,
             outcome: Outcome::Failure(error),
             worker_id: (!r.worker_id.is_empty()).then_some(r.worker_id),
+            queue: None,
         };
         ok(ResultResponse { status: self.report_one(report).await? })
     }
@@ -120,7 +123,8 @@ impl WorkerService for Api {
         let caller = self.authorize(&req, &req.get_ref().namespace, Scope::Worker).await?;
         let r = req.into_inner();
         let acks =
-            Api::report(self, &caller, &or_default(&r.namespace), &r.worker_id, r.results).await?;
+            Api::report(self, &caller, &or_default(&r.namespace), (&r.worker_id, None), r.results)
+                .await?;
         ok(ReportResponse { acks })
     }
 }

@@ -7,6 +7,7 @@
 //! docs/openapi.yaml.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use crate::limits::HTTP_BODY_BYTES_MAX;
 use axum::Router;
@@ -31,7 +32,8 @@ use super::errors::{self, http_response as error_response};
 use super::json::{self, parse_rfc3339};
 use crate::node::Node;
 use crate::server::auth::Scope;
-use crate::server::tls::{HttpListener, ServerTls};
+use crate::server::conns::{self, ConnLimits, Gate};
+use crate::server::tls::ServerTls;
 
 mod admin;
 mod cron;
@@ -386,20 +388,6 @@ pub fn router(node: Node) -> Router {
         .with_state(node)
 }
 
-/// The listener with `TCP_NODELAY` set on every accepted connection: without it a response's
-/// last segment waits for the client's delayed ACK (~40 ms).
-pub fn with_nodelay(
-    listener: tokio::net::TcpListener,
-) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
-    use axum::serve::ListenerExt;
-    fn nodelay(tcp: &mut tokio::net::TcpStream) {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-        }
-    }
-    listener.tap_io(nodelay as fn(&mut tokio::net::TcpStream))
-}
-
 /// Binds `addr` and serves (plain TCP) until `shutdown` completes. Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
@@ -420,23 +408,15 @@ pub async fn serve_with(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let limits = ConnLimits::of(node.config());
+    let header_timeout = Duration::from_millis(node.config().http_header_timeout_ms);
+    let admitted = conns::accept(listener, Gate::new("http", limits));
     let app = router(node);
     let task = match tls {
-        None => {
-            let listener = with_nodelay(listener);
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-                    tracing::error!(error = %e, "HTTP server failed");
-                }
-            })
-        }
+        None => tokio::spawn(conns::serve_http(admitted, app, header_timeout, shutdown)),
         Some(tls) => {
-            let listener = HttpListener::new(listener, tls)?;
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-                    tracing::error!(error = %e, "HTTP server failed");
-                }
-            })
+            let handshaken = crate::server::tls::accept(admitted, move || tls.http_config());
+            tokio::spawn(conns::serve_http(handshaken, app, header_timeout, shutdown))
         }
     };
     Ok((bound, task))

@@ -28,7 +28,8 @@ pub(super) async fn run(config: &NodeConfig) -> anyhow::Result<()> {
     }
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
-    let db = open_database(config, clock.clone(), rng.fork())
+    // Whether the store was verified at the open matters to a node's health, not here.
+    let (db, _unverified) = open_database(config, clock.clone(), rng.fork())
         .await
         .context("is the node stopped? The embedded store is used by one process at a time")?;
     let params = ClusterParams {

@@ -112,6 +112,7 @@ fn beat(c: &Claimed) -> Beat {
         execution_id: c.execution.id.clone(),
         token: c.attempt.fencing_token,
         worker_id: None,
+        queue: None,
     }
 }
 
@@ -125,6 +126,7 @@ fn success(c: &Claimed) -> Report {
             output_reference: String::new(),
         },
         worker_id: None,
+        queue: None,
     }
 }
 

@@ -443,7 +443,13 @@ async fn an_attempt_for_a_waiting_worker_that_never_got_it_is_not_counted() {
     // `a` reaches the worker (its heartbeat); `b` was lost with the node that claimed it.
     let ta = claimed.iter().find(|c| c.execution.id == a).unwrap().attempt.fencing_token;
     w.advance_ms(1_000);
-    let beat = Beat { namespace: NS.into(), execution_id: a.clone(), token: ta, worker_id: None };
+    let beat = Beat {
+        namespace: NS.into(),
+        execution_id: a.clone(),
+        token: ta,
+        worker_id: None,
+        queue: None,
+    };
     w.sched.heartbeat(vec![beat]).await.unwrap().pop().unwrap().unwrap();
     assert!(w.sched.get(NS, &a).await.unwrap().worker_confirmed);
     w.advance_ms(31_000); // both leases run out

@@ -77,6 +77,9 @@ pub struct ExecutionView {
     cancel_requested: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<Vec<AttemptView>>,
+    /// The cursor of the next page of attempts (`?attemptsCursor=`), if there may be more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts_next_cursor: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     output: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,6 +121,7 @@ pub fn execution(e: &Execution, attempts: Option<&[Attempt]>) -> ExecutionView {
                 })
                 .collect()
         }),
+        attempts_next_cursor: None,
         output: (!e.output_json.is_empty())
             .then(|| serde_json::from_slice(&e.output_json).unwrap_or(Value::Null)),
         output_reference: (!e.output_reference.is_empty()).then(|| e.output_reference.clone()),

@@ -24,7 +24,7 @@ use crate::limits::{
     ERROR_CODE_BYTES_MAX, ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
     OUTPUT_REFERENCE_BYTES_MAX,
 };
-use crate::limits::{HEARTBEAT_BATCH_MAX, REPORT_BATCH_MAX};
+use crate::limits::{HEARTBEAT_BATCH_MAX, RELEASES_UNCOUNTED_MAX, REPORT_BATCH_MAX};
 use crate::state::{AttemptEvent, ExecutionEvent, attempt_transition, execution_transition};
 
 /// How an attempt ended, as its worker reports it.
@@ -525,7 +525,10 @@ impl Scheduler {
                 matches!(
                     (outcome, ended.map(|a| a.status())),
                     (Outcome::Failure(_), Some(AttemptStatus::Failed | AttemptStatus::Cancelled))
-                        | (Outcome::Release, Some(AttemptStatus::Abandoned))
+                        | (
+                            Outcome::Release,
+                            Some(AttemptStatus::Abandoned | AttemptStatus::Failed)
+                        )
                 )
             }
         })
@@ -574,7 +577,27 @@ impl Scheduler {
                     wm,
                 )?;
             }
-            Outcome::Release => self.release_attempt(tx, e, now_ms)?,
+            Outcome::Release
+                if e.attempts_released < RELEASES_UNCOUNTED_MAX || e.cancel_requested =>
+            {
+                self.release_attempt(tx, e, now_ms)?
+            }
+            Outcome::Release => {
+                // Past the uncounted releases a release counts as an attempt (a retryable
+                // failure): an execution cannot cycle READY → RUNNING → READY forever.
+                let wm = match wm {
+                    Some(w) => w,
+                    None => watermark(tx, &self.ks, e.shard).await?,
+                };
+                let error = ExecutionError {
+                    message: format!(
+                        "released by its worker more than {RELEASES_UNCOUNTED_MAX} times: this release counts as an attempt"
+                    ),
+                    retryable: true,
+                    code: "released".into(),
+                };
+                self.end_attempt_unsuccessfully(tx, e, AttemptEvent::Fail, error, now_ms, wm)?;
+            }
         }
         e.updated_at_ms = now_ms;
         self.save_execution(tx, Some(before), e)?;

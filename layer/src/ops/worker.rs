@@ -429,7 +429,7 @@ impl Scheduler {
             let rest = &checked[out.len()..];
             if rest.iter().all(Result::is_err) {
                 // Nothing to write: no transaction.
-                out.extend(rest.iter().map(|r| Err(r.clone().err().expect("all failed"))));
+                out.extend(rest.iter().map(|r| Err(r.clone().expect_err("all failed"))));
                 break;
             }
             let part = self.reports_isolated(rest, now_ms).await?;
@@ -577,27 +577,7 @@ impl Scheduler {
                     wm,
                 )?;
             }
-            Outcome::Release
-                if e.attempts_released < RELEASES_UNCOUNTED_MAX || e.cancel_requested =>
-            {
-                self.release_attempt(tx, e, now_ms)?
-            }
-            Outcome::Release => {
-                // Past the uncounted releases a release counts as an attempt (a retryable
-                // failure): an execution cannot cycle READY → RUNNING → READY forever.
-                let wm = match wm {
-                    Some(w) => w,
-                    None => watermark(tx, &self.ks, e.shard).await?,
-                };
-                let error = ExecutionError {
-                    message: format!(
-                        "released by its worker more than {RELEASES_UNCOUNTED_MAX} times: this release counts as an attempt"
-                    ),
-                    retryable: true,
-                    code: "released".into(),
-                };
-                self.end_attempt_unsuccessfully(tx, e, AttemptEvent::Fail, error, now_ms, wm)?;
-            }
+            Outcome::Release => self.worker_release(tx, e, now_ms, wm).await?,
         }
         e.updated_at_ms = now_ms;
         self.save_execution(tx, Some(before), e)?;
@@ -606,6 +586,36 @@ impl Scheduler {
             "an ended attempt leaves RUNNING"
         );
         Ok(())
+    }
+}
+
+impl Scheduler {
+    /// A release by the worker: uncounted for the first [`RELEASES_UNCOUNTED_MAX`], then
+    /// counted as an attempt (a retryable failure), so an execution cannot cycle READY →
+    /// RUNNING → READY forever.
+    async fn worker_release(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        now_ms: i64,
+        wm: Option<i64>,
+    ) -> Result<()> {
+        if e.attempts_released < RELEASES_UNCOUNTED_MAX || e.cancel_requested {
+            return self.release_attempt(tx, e, now_ms);
+        }
+        let wm = match wm {
+            Some(w) => w,
+            None => watermark(tx, &self.ks, e.shard).await?,
+        };
+        let error = ExecutionError {
+            message: format!(
+                "released by its worker more than {RELEASES_UNCOUNTED_MAX} times: this release \
+                 counts as an attempt"
+            ),
+            retryable: true,
+            code: "released".into(),
+        };
+        self.end_attempt_unsuccessfully(tx, e, AttemptEvent::Fail, error, now_ms, wm)
     }
 }
 

@@ -133,13 +133,7 @@ impl Scheduler {
         report: &mut RoundReport,
     ) -> Result<Flushed, ExecutionsError> {
         let ns = job.namespace.as_str();
-        for id in &job.pending_cancel {
-            match exec.cancel(ns, id).await {
-                Ok(()) => report.cancelled += 1,
-                Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
-                Err(e) => report.errors.push(format!("cancelling {id}: {e}")),
-            }
-        }
+        flush_cancels(exec, job, report).await?;
         let mut batch = Vec::new();
         let mut occurrences = Vec::new();
         for p in &job.pending {
@@ -310,6 +304,22 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Cancels what a job's outbox lists; a transient failure aborts.
+async fn flush_cancels<E: Executions>(
+    exec: &E,
+    job: &CronJob,
+    report: &mut RoundReport,
+) -> Result<(), ExecutionsError> {
+    for id in &job.pending_cancel {
+        match exec.cancel(&job.namespace, id).await {
+            Ok(()) => report.cancelled += 1,
+            Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
+            Err(e) => report.errors.push(format!("cancelling {id}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// What submitting an outbox did.

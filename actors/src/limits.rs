@@ -7,6 +7,15 @@
 pub const DISPATCH_BUFFER_MAX: usize = 512;
 /// Result (and heartbeat) transactions the batcher runs at once.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
+/// The most inputs one `SubmitBatch` call of a cron round carries (a round's occurrences are
+/// split over calls of this size): inside the node's 4 MiB request limit.
+pub const CRON_SUBMIT_CALL_BYTES_MAX: usize = 3 * 1024 * 1024;
+/// Most ready-signal watches one node holds (a watched queue holds one per ready partition):
+/// well inside FoundationDB's default client limit of 10,000. Queues past it are served by a
+/// periodic claim instead ([`UNWATCHED_RECLAIM_MS`]).
+pub const WATCHES_MAX: usize = 4_096;
+/// How often a queue with waiting workers but no watch (past [`WATCHES_MAX`]) is claimed from.
+pub const UNWATCHED_RECLAIM_MS: u64 = 500;
 /// Cron rounds one cron shard owner runs at once.
 pub const CRON_ROUNDS_IN_FLIGHT_MAX: usize = 16;
 

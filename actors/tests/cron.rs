@@ -1,7 +1,8 @@
 //! The cron service on in-process nodes over one memory backend, with simulated time (tokio's
 //! paused clock drives the injected clock): schedules materialize through the node's own API
 //! and workers run them; catch-up after a 3-hour outage under each missed-run policy; every
-//! overlap policy with executions that run long; pause-on-failure; backfill.
+//! overlap policy with executions that run long; pause-on-failure; backfill; a round larger
+//! than its namespace's `pending_max` split to fit.
 
 #![allow(clippy::disallowed_methods)] // the tests wait on tokio's paused clock
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use kairos_actors::node::Node;
 use kairos_actors::node::WorkerPoll;
-use kairos_actors::server::config::{Backend, NodeConfig};
+use kairos_actors::server::config::{Backend, NodeConfig, Quota, Quotas};
 use kairos_layer::env::{Rng, SharedClock, Timestamp, TokioClock};
 use kairos_layer::kv::Database;
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
@@ -52,7 +53,12 @@ fn cluster() -> Cluster {
 
 impl Cluster {
     async fn node(&self, id: &str) -> Node {
+        self.node_with(id, Quotas::default()).await
+    }
+
+    async fn node_with(&self, id: &str, quotas: Quotas) -> Node {
         let config = NodeConfig {
+            quotas,
             node_id: Some(id.into()),
             backend: Backend::Memory,
             shard_count: SHARDS,
@@ -357,6 +363,51 @@ async fn backfill_runs_a_past_range_in_turn() {
     assert!(r.iter().all(|e| e.status() == ExecutionStatus::Succeeded));
     let seen = seen.lock().unwrap().clone();
     assert!(!overlaps(&r, &seen), "buffer-all: one after the other");
+    w.abort();
+    node.stop().await;
+}
+
+/// A catch-up round of 4 occurrences in a namespace whose `pending_max` is 3: not refused whole
+/// on every retry (the job stalled forever), but split: 3 go through, the 4th waits in the
+/// outbox and goes through once a worker has finished some.
+#[tokio::test(start_paused = true)]
+async fn a_round_larger_than_pending_max_is_split_to_fit() {
+    let c = cluster();
+    let quotas = Quotas {
+        default: Quota::default(),
+        namespaces: BTreeMap::from([(
+            NS.to_string(),
+            Quota { pending_max: 3, ..Quota::default() },
+        )]),
+    };
+    let node = c.node_with("a", quotas.clone()).await;
+    let spec = job("all", "*/15 * * * *", |p| {
+        p.missed = "all".into();
+        p.overlap = "allow".into();
+    });
+    node.create_cron_job(spec, false).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    node.kill().await;
+    tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
+    let node = c.node_with("a", quotas).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The catch-up window (1 h) holds 4 occurrences; the quota has room for 3.
+    assert_eq!(runs(&node, "all").await.len(), 3, "as many as the quota has room for");
+    let j = node.scheduler().get_cron_job(NS, "all").await.unwrap();
+    assert_eq!(j.pending.len(), 1, "the 4th waits in the outbox");
+    let (w, _) = worker(node.clone(), c.clock.clone(), 100, &[]);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let r = runs(&node, "all").await;
+    assert_eq!(r.len(), 4, "the 4th went through once there was room");
+    assert!(r.iter().all(|e| e.status() == ExecutionStatus::Succeeded), "{r:?}");
+    let j = node.scheduler().get_cron_job(NS, "all").await.unwrap();
+    assert!(j.pending.is_empty(), "the outbox is empty");
+    let text = node.metrics_text().await;
+    let refused = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kairos_quota_refused_total{quota=\"pending\"} "))
+        .and_then(|n| n.trim().parse::<f64>().ok());
+    assert!(refused.is_some_and(|n| n >= 1.0), "the refusals are counted: {text}");
     w.abort();
     node.stop().await;
 }

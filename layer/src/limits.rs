@@ -38,6 +38,9 @@ pub const LEASE_MS_MIN: u64 = 1_000;
 pub const LEASE_MS_MAX: u64 = 3_600_000;
 /// Most attempts a retry policy may allow.
 pub const ATTEMPTS_MAX: u32 = 100;
+/// Most attempts one read of an execution's attempts returns (`GET /executions/{id}` pages
+/// them: an execution replayed many times has more).
+pub const ATTEMPTS_PAGE_MAX: usize = 100;
 /// Most shards a cluster may have.
 pub const SHARD_COUNT_MAX: u32 = 65_536;
 

@@ -1,7 +1,8 @@
 //! Liveness: nothing waits forever and nothing piles up. Ready work made after an empty claim is
 //! seen when the watch is set; a retention sweep passes rows it may not delete yet and reaches
 //! the rest; an execution cancelled before its time is kept from its end, not its due time;
-//! claim receipts are cleared by fires too, and `kairos check` finds any left behind.
+//! claim receipts are cleared by fires too, and `kairos check` finds any left behind; releases
+//! count as attempts after ten; attempts are read in pages.
 
 mod common;
 
@@ -127,4 +128,66 @@ async fn fires_clear_expired_receipts_and_check_finds_stale_ones() {
         "{:#?}",
         report.findings
     );
+}
+
+/// A worker that releases its task every time: ten releases are free, then each counts as an
+/// attempt (a retryable failure), so the execution ends FAILED after its three attempts instead
+/// of cycling READY → RUNNING → READY forever.
+#[tokio::test]
+async fn releases_past_ten_count_as_attempts() {
+    use kairos_layer::ops::worker::Outcome;
+    use kairos_proto::storage::v1::ExecutionStatus;
+    let w = world(34, FaultConfig::none()).await;
+    let id = w.sched.submit(request(Some("rel"), T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    let mut releases = 0;
+    loop {
+        w.advance_ms(20_000); // past any retry delay
+        w.fire_all().await;
+        let Some(c) = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap().pop() else {
+            break;
+        };
+        let t = c.attempt.fencing_token;
+        let e = w.sched.report_one(NS, &id, t, Outcome::Release).await.unwrap();
+        releases += 1;
+        let want = if releases <= 10 { ExecutionStatus::Ready } else { e.status() };
+        assert_eq!(e.status(), want, "release {releases}");
+        assert!(releases <= 13, "releases never counted");
+    }
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Failed, "three counted releases use up the attempts");
+    assert_eq!(releases, 13, "ten free releases, then three counted attempts");
+    w.check_invariants().await;
+}
+
+/// An execution's attempts are read in pages: 13 attempts (10 releases, 3 counted) in pages of
+/// 5, 5 and 3, each page's cursor leading to the next; a limit past 100 is refused naming it.
+#[tokio::test]
+async fn attempts_are_read_in_pages() {
+    use kairos_layer::ops::worker::Outcome;
+    let w = world(35, FaultConfig::none()).await;
+    let id = w.sched.submit(request(Some("pages"), T0)).await.unwrap().execution.id;
+    w.fire_all().await;
+    loop {
+        w.advance_ms(20_000);
+        w.fire_all().await;
+        let Some(c) = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap().pop() else {
+            break;
+        };
+        w.sched.report_one(NS, &id, c.attempt.fencing_token, Outcome::Release).await.unwrap();
+    }
+    let (mut after, mut pages) = (None, Vec::new());
+    loop {
+        let page = w.sched.attempts_page(NS, &id, after, 5).await.unwrap();
+        pages.push(page.attempts.iter().map(|a| a.number).collect::<Vec<_>>());
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    let want: Vec<Vec<u32>> = vec![(1..=5).collect(), (6..=10).collect(), (11..=13).collect()];
+    assert_eq!(pages, want);
+    assert_eq!(w.sched.attempts(NS, &id).await.unwrap().len(), 13, "the first page: up to 100");
+    let e = w.sched.attempts_page(NS, &id, None, 101).await.unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
 }

@@ -215,15 +215,33 @@ impl Client {
             .collect())
     }
 
-    /// An execution and its attempts.
+    /// An execution and its attempts (the first page: up to 100; see
+    /// [`attempts_page`](Self::attempts_page)).
     pub async fn get(&self, id: &str) -> Result<(Execution, Vec<Attempt>), Error> {
         let req = GetExecutionRequest {
             namespace: self.namespace.clone(),
             execution_id: id.to_string(),
-            idempotency_key: String::new(),
+            ..GetExecutionRequest::default()
         };
         let r = self.call(self.timeout, self.executions().get(req)).await?;
         Ok((r.execution.unwrap_or_default(), r.attempts))
+    }
+
+    /// A page of an execution's attempts after `cursor` (empty: from the first), and the
+    /// cursor of the next page (empty: none).
+    pub async fn attempts_page(
+        &self,
+        id: &str,
+        cursor: &str,
+    ) -> Result<(Vec<Attempt>, String), Error> {
+        let req = GetExecutionRequest {
+            namespace: self.namespace.clone(),
+            execution_id: id.to_string(),
+            attempts_cursor: cursor.to_string(),
+            ..GetExecutionRequest::default()
+        };
+        let r = self.call(self.timeout, self.executions().get(req)).await?;
+        Ok((r.attempts, r.attempts_next_cursor))
     }
 
     /// The execution submitted with `key` (for a client that lost the reply), and its attempts.
@@ -233,8 +251,8 @@ impl Client {
     ) -> Result<(Execution, Vec<Attempt>), Error> {
         let req = GetExecutionRequest {
             namespace: self.namespace.clone(),
-            execution_id: String::new(),
             idempotency_key: key.to_string(),
+            ..GetExecutionRequest::default()
         };
         let r = self.call(self.timeout, self.executions().get(req)).await?;
         Ok((r.execution.unwrap_or_default(), r.attempts))

@@ -89,6 +89,10 @@ pub struct Plan {
     pub tick_ms: u64,
     /// Cron jobs the client creates (an occurrence every 2 s until faults stop).
     pub cron_jobs: usize,
+    /// The payload knob: bytes of padding in each execution's inputs and each success's output
+    /// (1 B to just under the 32 KiB input and output limits), so a seed's batches — fire,
+    /// claim, results, heartbeats — carry records of realistic sizes.
+    pub payload_bytes: usize,
     /// The (namespace, queue) pairs the workload uses: 2–3 namespaces of 1–2 queues each, the
     /// same queue names in every namespace. Each has its own definition, and every worker
     /// group runs one worker per node for each of them.
@@ -281,6 +285,7 @@ impl Plan {
             tick_ms: 5,
             cron_jobs: rng.between(0, 2) as usize,
             lanes: lanes(seed),
+            payload_bytes: payload_bytes(seed),
         }
     }
 
@@ -345,7 +350,7 @@ impl Plan {
         let _ = writeln!(
             s,
             "workers: {} groups x {} nodes, concurrency {}; executions {}; attempt lease {} ms, \
-             max_attempts {}; network delay up to {} ms; cron jobs {}",
+             max_attempts {}; network delay up to {} ms; cron jobs {}; payload {} B",
             self.worker_groups,
             self.nodes.len(),
             self.worker_concurrency,
@@ -353,7 +358,8 @@ impl Plan {
             self.attempt_lease_ms,
             self.max_attempts,
             self.max_message_latency_ms,
-            self.cron_jobs
+            self.cron_jobs,
+            self.payload_bytes
         );
         let _ = writeln!(
             s,
@@ -369,6 +375,17 @@ impl Plan {
 }
 
 /// The lanes of `seed`, from an RNG of their own (the other knobs stay what they were).
+/// A seed's payload size, from a generator of its own (the other knobs draw as before): 1 B,
+/// 1 KiB, 16 KiB or the largest that fits the input and output limits, equally likely.
+fn payload_bytes(seed: u64) -> usize {
+    let rng = Rng::seeded(seed ^ 0x9A7_10AD);
+    let largest = kairos_layer::limits::INPUT_BYTES_MAX - PAYLOAD_ROOM_BYTES;
+    [1, 1024, 16 * 1024, largest][rng.below(4) as usize]
+}
+
+/// What an execution's inputs (or a success's output) hold besides the padding, at most.
+const PAYLOAD_ROOM_BYTES: usize = 256;
+
 fn lanes(seed: u64) -> Vec<Lane> {
     let rng = Rng::seeded(seed ^ 0x1A4E_5EED);
     let mut lanes = Vec::new();

@@ -26,7 +26,8 @@ pub fn job(lane: &Lane) -> String {
 pub fn definition(plan: &Plan, lane: &Lane) -> String {
     format!(
         "name: simjob-{q}\nversion: 1\nqueue: {q}\ninputs:\n  n: int\n  mode: string\n  \
-         work_ms: int\n  fail_until: int\n  ns: string\n  q: string\n\
+         work_ms: int\n  fail_until: int\n  ns: string\n  q: string\n  \
+         pad: {{type: string, required: false}}\n\
          retry: {{max_attempts: {}, base_delay: 1s, max_delay: 4s}}\n\
          timeouts: {{lease: {}ms}}\nexecution: {{type: command, command: [\"true\"]}}\n",
         plan.max_attempts,
@@ -220,7 +221,9 @@ pub fn handler(
                 "flaky" if t.attempt <= fail_until => {
                     Err(TaskError::retryable("transient failure"))
                 }
-                _ => Ok(serde_json::json!({ "token": t.fencing_token, "attempt": t.attempt })),
+                // As large an output as the input's padding.
+                _ => Ok(serde_json::json!({ "token": t.fencing_token, "attempt": t.attempt,
+                    "pad": inputs["pad"] })),
             };
             lock(&history).event(format!(
                 "end {} token {}: {}",
@@ -416,7 +419,8 @@ pub async fn client(plan: Plan, history: Shared) -> turmoil::Result {
                 mode,
                 fail_until,
                 inputs: serde_json::json!({"n": i, "mode": mode.name(), "work_ms": work_ms,
-                    "fail_until": fail_until, "ns": ns, "q": q}),
+                    "fail_until": fail_until, "ns": ns, "q": q,
+                    "pad": "p".repeat(plan.payload_bytes)}),
                 at,
                 after,
             }

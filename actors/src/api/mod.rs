@@ -22,3 +22,27 @@ pub async fn parse_definition(source: Vec<u8>) -> ops::Result<JobDefinition> {
             .map_err(|e| invalid("definition", format!("could not be parsed: {e}")))?;
     parsed.map_err(|e| invalid(e.field(), e.reason()))
 }
+
+/// A page of attempts asked for: the cursor (`attemptsCursor`: the number of the last attempt
+/// of the page before) and the limit (`attemptsLimit`, 1 to 100; none: 100).
+pub(crate) fn attempts_page(
+    c: Option<&str>,
+    limit: Option<u64>,
+) -> ops::Result<(Option<u32>, usize)> {
+    use kairos_layer::limits::ATTEMPTS_PAGE_MAX;
+    let after = match c.filter(|c| !c.is_empty()) {
+        None => None,
+        Some(c) => Some(
+            c.parse()
+                .map_err(|_| invalid("attemptsCursor", "is not a cursor this API returned"))?,
+        ),
+    };
+    let limit = match limit {
+        None => ATTEMPTS_PAGE_MAX,
+        Some(n) if (1..=ATTEMPTS_PAGE_MAX as u64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(invalid("attemptsLimit", format!("{n}: must be 1 to {ATTEMPTS_PAGE_MAX}")));
+        }
+    };
+    Ok((after, limit))
+}

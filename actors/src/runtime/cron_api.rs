@@ -7,6 +7,8 @@ use kairos_proto::storage::v1::ExecutionStatus;
 use kairos_proto::v1::{SubmitRequest, submit_batch_item, submit_request};
 use kairos_sdk::Client;
 
+use crate::limits::CRON_SUBMIT_CALL_BYTES_MAX;
+
 /// The executions API through an SDK client.
 #[derive(Clone)]
 pub struct SdkExecutions(pub Client);
@@ -56,16 +58,14 @@ impl Executions for SdkExecutions {
                 traceparent: String::new(),
             })
             .collect();
-        let items = self.ns(&ns).submit_batch(reqs).await.map_err(|e| classify(&e))?;
-        Ok(items
-            .into_iter()
-            .map(|item| match item {
-                submit_batch_item::Result::Ok(s) => {
-                    Ok(Materialized { execution_id: s.execution_id, created: s.created })
-                }
-                submit_batch_item::Result::Error(e) => Err(classify_code(e.code, e.message)),
-            })
-            .collect())
+        // In calls that fit the node's request size, each split further while the namespace's
+        // quota refuses it whole (what fits its room goes through; the rest waits).
+        let client = self.ns(&ns);
+        let mut out = Vec::new();
+        for chunk in chunks(reqs) {
+            out.extend(submit_within_quota(&client, chunk).await?);
+        }
+        Ok(out)
     }
 
     async fn status(&self, ns: &str, id: &str) -> Result<Option<ExecutionStatus>, ExecutionsError> {
@@ -95,5 +95,60 @@ impl Executions for SdkExecutions {
             }
             Err(e) => Err(classify(&e)),
         }
+    }
+}
+
+type Item = Result<Materialized, ExecutionsError>;
+
+/// The requests in calls of at most [`CRON_SUBMIT_CALL_BYTES_MAX`] of inputs (at least one each).
+fn chunks(reqs: Vec<SubmitRequest>) -> Vec<Vec<SubmitRequest>> {
+    let mut out: Vec<Vec<SubmitRequest>> = Vec::new();
+    let mut bytes = 0;
+    for r in reqs {
+        let size = r.inputs_json.len() + r.idempotency_key.len() + 256;
+        match out.last_mut() {
+            Some(last) if bytes + size <= CRON_SUBMIT_CALL_BYTES_MAX => {
+                bytes += size;
+                last.push(r);
+            }
+            _ => {
+                bytes = size;
+                out.push(vec![r]);
+            }
+        }
+    }
+    out
+}
+
+/// Submits `reqs`; if every one is refused for the namespace's quota, the first half alone,
+/// then (if it went through) the second: a quota with room for some is not refused whole.
+async fn submit_within_quota(
+    client: &Client,
+    reqs: Vec<SubmitRequest>,
+) -> Result<Vec<Item>, ExecutionsError> {
+    let n = reqs.len();
+    let items = client.submit_batch(reqs.clone()).await.map_err(|e| classify(&e))?;
+    let exhausted = |i: &submit_batch_item::Result| matches!(i, submit_batch_item::Result::Error(e) if e.code == tonic::Code::ResourceExhausted as i32);
+    if n < 2 || !items.iter().all(exhausted) {
+        return Ok(items.into_iter().map(item).collect());
+    }
+    let mut first = reqs;
+    let second = first.split_off(n / 2);
+    let mut out = Box::pin(submit_within_quota(client, first)).await?;
+    if out.iter().all(|r| matches!(r, Err(ExecutionsError::Transient(_)))) {
+        // Still no room: the rest waits too.
+        out.extend(items.into_iter().skip(n / 2).map(item));
+        return Ok(out);
+    }
+    out.extend(Box::pin(submit_within_quota(client, second)).await?);
+    Ok(out)
+}
+
+fn item(i: submit_batch_item::Result) -> Item {
+    match i {
+        submit_batch_item::Result::Ok(s) => {
+            Ok(Materialized { execution_id: s.execution_id, created: s.created })
+        }
+        submit_batch_item::Result::Error(e) => Err(classify_code(e.code, e.message)),
     }
 }

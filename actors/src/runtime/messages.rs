@@ -78,6 +78,8 @@ pub enum DispatcherMsg {
     Close(u64),
     /// A queue may have new ready work.
     Ready(QueueKey),
+    /// The periodic claim of a queue served without a watch (past the node's watch bound).
+    Reclaim(QueueKey),
     /// A fire transaction started these executions for the waiting workers of these slots.
     Matched(Vec<(Claimed, u64)>),
     /// Claimed executions without a worker.

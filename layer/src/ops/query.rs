@@ -13,8 +13,18 @@ use super::validate::{check_name, check_ref};
 use crate::keys::Tag;
 use crate::kv::limits::key_after;
 use crate::kv::{KeyValue, RangeOption, Transaction};
-use crate::limits::{LIST_PAGE_MAX, LIST_SCAN_MAX};
+use crate::limits::{ATTEMPTS_PAGE_MAX, LIST_PAGE_MAX, LIST_SCAN_MAX};
 use bytes::Bytes;
+
+/// A page of an execution's attempts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AttemptsPage {
+    /// First to last.
+    pub attempts: Vec<Attempt>,
+    /// The number of the last attempt on this page when there may be more (the cursor of the
+    /// next page).
+    pub next: Option<u32>,
+}
 
 /// A list query. Filters combine; the time range is on `execute_at`.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -87,13 +97,34 @@ impl Scheduler {
         found.ok_or_else(|| Error::NotFound { what: "idempotency key", id: key.to_string() })
     }
 
-    /// The attempts of an execution, first to last, the running one included.
+    /// The first page of an execution's attempts (see [`attempts_page`](Self::attempts_page)).
     pub async fn attempts(&self, ns: &str, id: &str) -> Result<Vec<Attempt>> {
+        Ok(self.attempts_page(ns, id, None, ATTEMPTS_PAGE_MAX).await?.attempts)
+    }
+
+    /// The attempts of an execution numbered after `after`, first to last, at most `limit`
+    /// (1 to [`ATTEMPTS_PAGE_MAX`]); the running (or succeeded) one last, on the last page.
+    /// `next` is the cursor of the next page, if there is one.
+    pub async fn attempts_page(
+        &self,
+        ns: &str,
+        id: &str,
+        after: Option<u32>,
+        limit: usize,
+    ) -> Result<AttemptsPage> {
         check_ref(ns, id)?;
+        if limit == 0 || limit > ATTEMPTS_PAGE_MAX {
+            return Err(invalid("limit", format!("must be 1 to {ATTEMPTS_PAGE_MAX}")));
+        }
+        let mut range = self.ks.attempts(ns, id).limit(limit);
+        if let Some(a) = after {
+            range.begin = key_after(&self.ks.attempt(ns, id, a));
+        }
+        let range = &range;
         self.db
             .run(|tx| async move {
                 let (rows, e) = futures_util::future::try_join(
-                    tx.get_range(&self.ks.attempts(ns, id), true),
+                    tx.get_range(range, true),
                     tx.snapshot_get(&self.ks.execution(ns, id)),
                 )
                 .await?;
@@ -101,15 +132,22 @@ impl Scheduler {
                     .iter()
                     .map(|kv| decode("attempt", &kv.value))
                     .collect::<Result<Vec<Attempt>>>()?;
+                if out.len() == limit {
+                    let next = out.last().map(|a| a.number);
+                    return Ok(AttemptsPage { attempts: out, next });
+                }
                 if let Some(v) = e {
                     let e: Execution = decode("execution", &v)?;
-                    if e.status == ExecutionStatus::Running as i32 {
-                        out.push(running_attempt(&e));
+                    let last = if e.status == ExecutionStatus::Running as i32 {
+                        Some(running_attempt(&e))
                     } else if e.status == ExecutionStatus::Succeeded as i32 {
-                        out.push(succeeded_attempt(&e));
-                    }
+                        Some(succeeded_attempt(&e))
+                    } else {
+                        None
+                    };
+                    out.extend(last.filter(|a| after.is_none_or(|n| a.number > n)));
                 }
-                Ok(out)
+                Ok(AttemptsPage { attempts: out, next: None })
             })
             .await
     }

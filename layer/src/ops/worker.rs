@@ -24,7 +24,7 @@ use crate::limits::{
     ERROR_CODE_BYTES_MAX, ERROR_MESSAGE_BYTES_MAX, LEASE_MS_MAX, LEASE_MS_MIN, OUTPUT_BYTES_MAX,
     OUTPUT_REFERENCE_BYTES_MAX,
 };
-use crate::limits::{HEARTBEAT_BATCH_MAX, REPORT_BATCH_MAX};
+use crate::limits::{HEARTBEAT_BATCH_MAX, RELEASES_UNCOUNTED_MAX, REPORT_BATCH_MAX};
 use crate::state::{AttemptEvent, ExecutionEvent, attempt_transition, execution_transition};
 
 /// How an attempt ended, as its worker reports it.
@@ -488,7 +488,7 @@ impl Scheduler {
             let rest = &checked[out.len()..];
             if rest.iter().all(Result::is_err) {
                 // Nothing to write: no transaction.
-                out.extend(rest.iter().map(|r| Err(r.clone().err().expect("all failed"))));
+                out.extend(rest.iter().map(|r| Err(r.clone().expect_err("all failed"))));
                 break;
             }
             let part = self.reports_isolated(rest, now_ms).await?;
@@ -592,7 +592,9 @@ impl Scheduler {
                         matches!(a.status(), AttemptStatus::Failed | AttemptStatus::Cancelled)
                             && a.error == Some(bounded(error.clone()))
                     }
-                    (Outcome::Release, Some(a)) => a.status() == AttemptStatus::Abandoned,
+                    (Outcome::Release, Some(a)) => {
+                        matches!(a.status(), AttemptStatus::Abandoned | AttemptStatus::Failed)
+                    }
                     _ => false,
                 }
             }
@@ -656,7 +658,7 @@ impl Scheduler {
                     wm,
                 )?;
             }
-            Outcome::Release => self.release_attempt(tx, e, now_ms)?,
+            Outcome::Release => self.worker_release(tx, e, now_ms, wm).await?,
         }
         e.updated_at_ms = now_ms;
         self.save_execution(tx, Some(before), e)?;
@@ -665,6 +667,36 @@ impl Scheduler {
             "an ended attempt leaves RUNNING"
         );
         Ok(())
+    }
+}
+
+impl Scheduler {
+    /// A release by the worker: uncounted for the first [`RELEASES_UNCOUNTED_MAX`], then
+    /// counted as an attempt (a retryable failure), so an execution cannot cycle READY →
+    /// RUNNING → READY forever.
+    async fn worker_release(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        now_ms: i64,
+        wm: Option<i64>,
+    ) -> Result<()> {
+        if e.attempts_released < RELEASES_UNCOUNTED_MAX || e.cancel_requested {
+            return self.release_attempt(tx, e, now_ms);
+        }
+        let wm = match wm {
+            Some(w) => w,
+            None => watermark(tx, &self.ks, e.shard).await?,
+        };
+        let error = ExecutionError {
+            message: format!(
+                "released by its worker more than {RELEASES_UNCOUNTED_MAX} times: this release \
+                 counts as an attempt"
+            ),
+            retryable: true,
+            code: "released".into(),
+        };
+        self.end_attempt_unsuccessfully(tx, e, AttemptEvent::Fail, error, now_ms, wm)
     }
 }
 

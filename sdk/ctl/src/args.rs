@@ -77,7 +77,7 @@ pub struct Cli {
 pub enum Command {
     #[command(flatten)]
     Api(Api),
-    Bench(crate::bench::args::Bench),
+    Bench(Box<crate::bench::args::Bench>),
     /// An interactive session: one command per line, with history, editing and completion.
     Console,
     /// Prints a shell completion script, e.g. `kairosctl completions bash > /etc/bash_completion.d/kairosctl`.

@@ -142,11 +142,19 @@ fn patch(r: &UpdateCronJobRequest) -> Result<CronPatch, ops::Error> {
     })
 }
 
-/// One page of a preview: `[from, until)` (from 0 = now; until 0 = a week after from).
-pub(crate) fn preview_occurrences(
+/// One page of a preview: `[from, until)` (from 0 = now; until 0 = a week after from),
+/// computed on the blocking pool (up to 1,000 occurrences, each a time-zone computation: off
+/// the runtime threads that serve requests and renew leases).
+pub(crate) async fn preview_occurrences(
     now: i64,
-    r: &PreviewRequest,
+    r: PreviewRequest,
 ) -> Result<Vec<Occurrence>, ops::Error> {
+    tokio::task::spawn_blocking(move || preview_now(now, &r))
+        .await
+        .map_err(|e| invalid("expression", format!("the preview could not be computed: {e}")))?
+}
+
+fn preview_now(now: i64, r: &PreviewRequest) -> Result<Vec<Occurrence>, ops::Error> {
     let from = if r.from_ms == 0 { now } else { r.from_ms };
     let until = if r.until_ms == 0 { from + 7 * 24 * 3_600_000 } else { r.until_ms };
     let (schedule, out) = preview(
@@ -245,7 +253,7 @@ impl CronService for Api {
         // Touches no namespace's data: any valid key may preview.
         self.principal(&req).await?;
         let now = self.node.scheduler().clock().now().as_millis();
-        let occurrences = preview_occurrences(now, &req.into_inner()).map_err(fail)?;
+        let occurrences = preview_occurrences(now, req.into_inner()).await.map_err(fail)?;
         Ok(Response::new(PreviewResponse { occurrences }))
     }
 

@@ -152,10 +152,14 @@ impl ExecutionService for Api {
             }
         }
         .map_err(|e| status(&e))?;
-        let attempts = sched.attempts(&ns, &e.id).await.map_err(|e| status(&e))?;
+        let limit = (r.attempts_limit != 0).then_some(u64::from(r.attempts_limit));
+        let (after, limit) =
+            crate::api::attempts_page(Some(&r.attempts_cursor), limit).map_err(|e| status(&e))?;
+        let page = sched.attempts_page(&ns, &e.id, after, limit).await.map_err(|e| status(&e))?;
         ok(GetExecutionResponse {
             execution: Some(convert::execution(&e)),
-            attempts: attempts.iter().map(convert::attempt).collect(),
+            attempts: page.attempts.iter().map(convert::attempt).collect(),
+            attempts_next_cursor: page.next.map(|n| n.to_string()).unwrap_or_default(),
         })
     }
 

@@ -379,7 +379,7 @@ async fn preview(
                 limit: p.limit.unwrap_or(0),
             };
             let now = node.scheduler().clock().now().as_millis();
-            let occ = crate::api::grpc::cron::preview_occurrences(now, &req)?;
+            let occ = crate::api::grpc::cron::preview_occurrences(now, req).await?;
             Ok(json!({
                 "occurrences": occ.iter().map(|o| json!({"utc": o.utc, "local": o.local})).collect::<Vec<_>>(),
             }))

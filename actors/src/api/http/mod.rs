@@ -121,17 +121,34 @@ async fn submit(State(node): State<Node>, headers: HeaderMap, body: Bytes) -> Re
     }
 }
 
+/// Query of `GET /executions/{id}`: the page of its attempts.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AttemptsParams {
+    attempts_cursor: Option<String>,
+    attempts_limit: Option<u64>,
+}
+
 async fn get_execution(
     State(node): State<Node>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    params: Result<Query<AttemptsParams>, QueryRejection>,
 ) -> Response {
     respond(
         async {
             let ns = authorized(&node, &headers, Scope::Read).await?.0;
+            let Query(q) = params.map_err(query_error)?;
+            let (after, limit) =
+                super::attempts_page(q.attempts_cursor.as_deref(), q.attempts_limit)?;
             let e = node.scheduler().get(&ns, &id).await?;
-            let a = node.scheduler().attempts(&ns, &id).await?;
-            Ok(json::execution(&e, Some(&a)))
+            let page = node.scheduler().attempts_page(&ns, &id, after, limit).await?;
+            let mut view = json::execution(&e, Some(&page.attempts));
+            // The cursor of the next page of attempts (`?attemptsCursor=`), if there may be more.
+            if let (Some(next), Some(o)) = (page.next, view.as_object_mut()) {
+                o.insert("attemptsNextCursor".into(), next.to_string().into());
+            }
+            Ok(view)
         }
         .await,
     )

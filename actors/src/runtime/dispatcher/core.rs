@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kairos_layer::limits::CLAIM_EXECUTIONS_MAX;
+
+use crate::limits::{UNWATCHED_RECLAIM_MS, WATCHES_MAX};
 use kairos_layer::ops::Error;
 use kairos_layer::ops::claim::{ClaimOutcome, Claimed};
 
@@ -22,9 +24,16 @@ use crate::runtime::matchmaker::Reserved;
 use crate::runtime::messages::{Grant, QueueKey};
 
 impl Core {
-    /// A dispatcher that caps polls' waits at `poll_wait_max_ms`.
+    /// A dispatcher that caps polls' waits at `poll_wait_max_ms`, with 16 ready partitions.
     pub fn new(poll_wait_max_ms: u64) -> Self {
-        Core { next_id: 1, poll_wait_max_ms, ..Core::default() }
+        Core { next_id: 1, poll_wait_max_ms, ..Core::default() }.with_partitions(16)
+    }
+
+    /// Sized for `partitions` ready partitions: a watched queue holds one watch per partition,
+    /// and the node at most [`WATCHES_MAX`].
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.watched_max = (WATCHES_MAX / partitions.max(1) as usize).max(1);
+        self
     }
 
     /// An id for a new poll, stream or buffer (never reused).
@@ -74,6 +83,12 @@ impl Apply<'_> {
             Event::Credits(id, n) => self.credits(id, n),
             Event::Close(id) => self.close(id),
             Event::Ready(q) => self.ready(q),
+            Event::Reclaim(q) => {
+                self.core.unwatched.remove(&q);
+                if self.has_demand(&q) {
+                    self.ready(q);
+                }
+            }
             Event::Matched(items) => self.matched(items),
             Event::Orphans(claimed) => self.orphans(claimed),
             Event::Undelivered(id, claimed) => self.undelivered(id, claimed),
@@ -193,11 +208,21 @@ impl Apply<'_> {
         self.later(claim_retry_pause(failures), Timer::Retry(q));
     }
 
-    /// Watches the queue's ready signals, so work made ready on other nodes wakes us.
+    /// Watches the queue's ready signals, so work made ready on other nodes wakes us; past the
+    /// node's watch bound, claims from it periodically instead.
     pub(super) fn watch(&mut self, q: &QueueKey) {
-        if !self.core.draining && self.core.watching.insert(q.clone()) {
-            self.out.push(Action::Watch(q.clone()));
+        if self.core.draining || self.core.watching.contains(q) {
+            return;
         }
+        if self.core.watching.len() >= self.core.watched_max {
+            if self.core.unwatched.insert(q.clone()) {
+                let after = Duration::from_millis(UNWATCHED_RECLAIM_MS);
+                self.later(after, Timer::Reclaim(q.clone()));
+            }
+            return;
+        }
+        self.core.watching.insert(q.clone());
+        self.out.push(Action::Watch(q.clone()));
     }
 
     fn watch_ended(&mut self, q: QueueKey) {

@@ -83,6 +83,7 @@ impl DispatcherState {
                     Timer::Flush(id) => DispatcherMsg::Flush(id),
                     Timer::AgeBuffers => DispatcherMsg::AgeBuffers,
                     Timer::Retry(q) => DispatcherMsg::Ready(q),
+                    Timer::Reclaim(q) => DispatcherMsg::Reclaim(q),
                 };
                 send_after(&self.ctx.clock, after, myself.clone(), msg);
             }
@@ -228,6 +229,7 @@ impl DispatcherState {
             DispatcherMsg::Credits(id, n) => Event::Credits(id, n),
             DispatcherMsg::Close(id) => Event::Close(id),
             DispatcherMsg::Ready(q) => Event::Ready(q),
+            DispatcherMsg::Reclaim(q) => Event::Reclaim(q),
             DispatcherMsg::Matched(items) => Event::Matched(items),
             DispatcherMsg::Orphans(claimed) => Event::Orphans(claimed),
             DispatcherMsg::Claimed(q, grants, r) => Event::Claimed(q, grants, r),
@@ -254,7 +256,8 @@ impl Actor for Dispatcher {
     ) -> Result<DispatcherState, ActorProcessingErr> {
         ctx.routes.set_dispatcher(Some(myself.clone()));
         send_after(&ctx.clock, BUFFER_AGE_CHECK, myself, DispatcherMsg::AgeBuffers);
-        let core = Core::new(ctx.config.poll_wait_max_ms);
+        let core = Core::new(ctx.config.poll_wait_max_ms)
+            .with_partitions(ctx.sched.config().ready_partitions);
         Ok(DispatcherState { ctx, core, replies: BTreeMap::new(), streams: BTreeMap::new() })
     }
 

@@ -40,6 +40,8 @@ pub enum Event {
     Close(u64),
     /// A queue may have new ready work.
     Ready(QueueKey),
+    /// Time for the periodic claim of a queue served without a watch.
+    Reclaim(QueueKey),
     /// A fire started these executions for these waiting workers.
     Matched(Vec<(Claimed, u64)>),
     /// Claimed executions without a worker (a worker stream let go of them).
@@ -75,6 +77,8 @@ pub enum Timer {
     AgeBuffers,
     /// A queue is looked at again (after a failed claim).
     Retry(QueueKey),
+    /// A queue served without a watch is claimed from again.
+    Reclaim(QueueKey),
 }
 
 /// What the actor does.
@@ -133,6 +137,11 @@ pub struct Core {
     /// Queues seen so far (a first waiter claims at once: work may be ready from before).
     pub(super) known: BTreeSet<QueueKey>,
     pub(super) watching: BTreeSet<QueueKey>,
+    /// Queues with waiting workers but no watch (the node holds as many as it may): a periodic
+    /// claim serves them instead, one timer each.
+    pub(super) unwatched: BTreeSet<QueueKey>,
+    /// Most queues watched at once (the node's watch bound over the ready partitions).
+    pub(super) watched_max: usize,
     pub(super) buffers: BTreeMap<QueueKey, Buffer>,
     pub(super) draining: bool,
     /// Claims failed in a row (any queue): the retry pause doubles with it, and only the 1st,

@@ -227,3 +227,44 @@ fn fire_matches_are_marked_used_and_delivered_to_their_workers() {
     assert!(a.iter().any(|a| matches!(a, Action::Later(_, Timer::Flush(i)) if *i == id)));
     assert_eq!(answers(&h.apply(Event::Flush(id))), vec![(id, vec!["e1".to_string()])]);
 }
+
+/// Past the node's watch bound (4,096 watches: 256 queues of 16 ready partitions) a queue whose
+/// workers wait is not watched but claimed from every 500 ms; once a watched queue lets go of
+/// its watch, the next such claim that runs dry takes a watch again.
+#[test]
+fn queues_past_the_watch_bound_are_claimed_periodically() {
+    let mut h = Harness::new();
+    let watched = |a: &[Action]| a.iter().filter(|a| matches!(a, Action::Watch(_))).count();
+    let reclaims = |a: &[Action]| {
+        a.iter()
+            .filter(|a| matches!(a, Action::Later(d, Timer::Reclaim(_)) if d.as_millis() == 500))
+            .count()
+    };
+    let (mut watches, mut periodic, mut first) = (0, 0, None);
+    for i in 0..300 {
+        let queue: QueueKey = ("ns".into(), format!("q{i}"));
+        let id = h.core.new_id();
+        first = first.or(Some(id));
+        let w =
+            Waiting { id, queue: queue.clone(), worker_id: "w".into(), lease_ms: None, credits: 1 };
+        let (grants, _) = claims(&h.apply(Event::Poll(w, 30_000))).remove(0);
+        let a = h.apply(Event::Claimed(queue, grants, outcome(vec![vec![]], false)));
+        (watches, periodic) = (watches + watched(&a), periodic + reclaims(&a));
+    }
+    assert_eq!(watches, 256, "as many queues watched as 4,096 watches allow");
+    assert_eq!(periodic, 44, "the other queues claimed from periodically");
+    // The periodic claim of an unwatched queue claims (and plans the next when it runs dry).
+    let q299: QueueKey = ("ns".into(), "q299".into());
+    let a = h.apply(Event::Reclaim(q299.clone()));
+    let (grants, _) = claims(&a).remove(0);
+    let a = h.apply(Event::Claimed(q299.clone(), grants.clone(), outcome(vec![vec![]], false)));
+    assert_eq!((watched(&a), reclaims(&a)), (0, 1), "{a:?}");
+    // A watch let go of (its queue's poll answered) makes room: the next periodic claim that
+    // runs dry watches instead.
+    h.apply(Event::Expire(first.unwrap()));
+    h.apply(Event::WatchEnded(("ns".into(), "q0".into())));
+    let a = h.apply(Event::Reclaim(q299.clone()));
+    let (grants, _) = claims(&a).remove(0);
+    let a = h.apply(Event::Claimed(q299, grants, outcome(vec![vec![]], false)));
+    assert_eq!((watched(&a), reclaims(&a)), (1, 0), "{a:?}");
+}

@@ -87,6 +87,25 @@ pub(crate) trait LocalStore: Send + Sync + 'static {
     fn read_fault(&self) -> Option<BoxFuture<'static, Result<()>>> {
         None
     }
+    /// Whether a snapshot read may block on I/O (embedded: a page not in the cache is read from
+    /// disk). Such reads run on the blocking pool, off the runtime threads, so the reads of a
+    /// batch issued together run together and a cache miss stalls no other task.
+    fn reads_block(&self) -> bool {
+        false
+    }
+}
+
+/// Runs a blocking range read in place where the runtime can move its other tasks to another
+/// thread meanwhile ([`block_in_place`]: a multi-threaded runtime), inline otherwise. (Point
+/// reads go to the blocking pool instead, so those of a batch run together.)
+///
+/// [`block_in_place`]: tokio::task::block_in_place
+fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// A commit handed to the backend.
@@ -213,8 +232,20 @@ impl KvTransaction for LocalTransaction {
         Box::pin(async move {
             check_key(key)?;
             self.fault().await?;
-            let mut st = self.open()?;
-            self.get_locked(&mut st, key, !snapshot)
+            if !self.store.reads_block() {
+                let mut st = self.open()?;
+                return self.get_locked(&mut st, key, !snapshot);
+            }
+            if let Some(answer) = self.open()?.buf.local_get(key) {
+                return answer;
+            }
+            let (snap, k) = (self.snapshot.clone(), key.to_vec());
+            let stored = match tokio::task::spawn_blocking(move || snap.get(&k)).await {
+                Ok(r) => r?,
+                Err(e) => return Err(Error::Storage(format!("a read did not finish: {e}"))),
+            };
+            // Written meanwhile by this transaction: `finish_get` answers with that.
+            self.open()?.buf.finish_get(key, stored, !snapshot)
         })
     }
 
@@ -226,6 +257,9 @@ impl KvTransaction for LocalTransaction {
         Box::pin(async move {
             self.fault().await?;
             let mut st = self.open()?;
+            if self.store.reads_block() {
+                return in_place(|| self.get_range_locked(&mut st, range, snapshot));
+            }
             self.get_range_locked(&mut st, range, snapshot)
         })
     }

@@ -159,9 +159,10 @@ impl Scheduler {
     }
 
     /// Records the outbox of round `round` as submitted: `materialized` are `(occurrence,
-    /// execution id)` of those that have an execution (an occurrence missing from it could not
-    /// be submitted for good and is dropped). The timer moves to `wake_ms` (to now if a client
-    /// changed the job since `generation`). Idempotent: a job whose round moved on, or whose
+    /// execution id)` of those that have an execution; an occurrence in `waiting` stays in the
+    /// outbox for the next try (its namespace had no room for it yet), any other missing from
+    /// `materialized` could not be submitted for good and is dropped. The timer moves to
+    /// `wake_ms` (to now if a client changed the job since `generation`). Idempotent: a job whose round moved on, or whose
     /// outbox is empty, is left alone.
     #[allow(clippy::too_many_arguments)]
     pub async fn cron_settle(
@@ -173,6 +174,7 @@ impl Scheduler {
         round: u64,
         generation: u64,
         materialized: &[(i64, String)],
+        waiting: &[i64],
         wake_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<Option<CronJob>> {
@@ -186,6 +188,9 @@ impl Scheduler {
                 for p in std::mem::take(&mut job.pending) {
                     let Some((_, exec)) = materialized.iter().find(|(o, _)| *o == p.occurrence_ms)
                     else {
+                        if waiting.contains(&p.occurrence_ms) {
+                            job.pending.push(p);
+                        }
                         continue;
                     };
                     job.outstanding.push(CronOutstanding {

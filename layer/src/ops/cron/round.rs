@@ -121,8 +121,9 @@ fn execute_at(due_ms: i64, now_ms: i64) -> Option<i64> {
 }
 
 impl Scheduler {
-    /// Submits a job's outbox (cancels first); returns `(occurrence, execution id)` of those
-    /// that have an execution. A transient failure aborts (the outbox stays for a retry).
+    /// Submits a job's outbox (cancels first). A transient failure of the whole call aborts
+    /// (the outbox stays for a retry); occurrences refused one by one for a transient reason
+    /// (their namespace over its quota) are returned as waiting, the others as submitted.
     async fn flush<E: Executions>(
         &self,
         exec: &E,
@@ -130,15 +131,9 @@ impl Scheduler {
         schedule: &Schedule,
         now_ms: i64,
         report: &mut RoundReport,
-    ) -> Result<Vec<(i64, String)>, ExecutionsError> {
+    ) -> Result<Flushed, ExecutionsError> {
         let ns = job.namespace.as_str();
-        for id in &job.pending_cancel {
-            match exec.cancel(ns, id).await {
-                Ok(()) => report.cancelled += 1,
-                Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
-                Err(e) => report.errors.push(format!("cancelling {id}: {e}")),
-            }
-        }
+        flush_cancels(exec, job, report).await?;
         let mut batch = Vec::new();
         let mut occurrences = Vec::new();
         for p in &job.pending {
@@ -161,9 +156,9 @@ impl Scheduler {
                 }
             }
         }
-        let mut done = Vec::new();
+        let mut out = Flushed::default();
         if batch.is_empty() {
-            return Ok(done);
+            return Ok(out);
         }
         let keys: Vec<String> = batch.iter().map(|m| m.idempotency_key.clone()).collect();
         let results = exec.submit(batch).await?;
@@ -175,23 +170,26 @@ impl Scheduler {
                     } else {
                         report.existing += 1
                     }
-                    done.push((o, s.execution_id));
+                    out.done.push((o, s.execution_id));
                 }
                 Err(ExecutionsError::Conflict(_)) => match exec.by_key(ns, &key).await? {
                     Some(id) => {
                         report.existing += 1;
-                        done.push((o, id));
+                        out.done.push((o, id));
                     }
                     None => report.failed += 1,
                 },
-                Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
+                Err(ExecutionsError::Transient(e)) => {
+                    out.waiting.push(o);
+                    out.why_waiting = Some(e);
+                }
                 Err(ExecutionsError::Permanent(e)) => {
                     report.failed += 1;
                     report.errors.push(format!("occurrence {key}: {e}"));
                 }
             }
         }
-        Ok(done)
+        Ok(out)
     }
 
     /// Runs one round of a job at the clock's now. `Err` only for store failures (ownership
@@ -265,14 +263,39 @@ impl Scheduler {
         report: &mut RoundReport,
         left_over: bool,
     ) -> Result<()> {
-        match self.flush(exec, job, schedule, r.now_ms, report).await {
-            Ok(done) => {
+        let flushed = self.flush(exec, job, schedule, r.now_ms, report).await;
+        let flushed = match flushed {
+            Ok(f) if f.done.is_empty() && !f.waiting.is_empty() => {
+                Err(ExecutionsError::Transient(f.why_waiting.unwrap_or_default()))
+            }
+            other => other,
+        };
+        match flushed {
+            Ok(f) => {
+                if let Some(why) = &f.why_waiting {
+                    // Part of the round went through; the rest waits in the outbox for room.
+                    report.errors.push(format!(
+                        "{} of the round's occurrences wait for room ({why}); retried at {} ms",
+                        f.waiting.len(),
+                        r.retry_at
+                    ));
+                    report.wake_ms = Some(report.wake_ms.map_or(r.retry_at, |w| w.min(r.retry_at)));
+                }
                 let (round, generation) = (job.round, job.generation);
                 let (wake, now) = (report.wake_ms, r.now_ms);
-                self.cron_settle(r.shard, r.epoch, r.ns, r.id, round, generation, &done, wake, now)
-                    .await?;
+                let (done, waiting) = (&f.done, &f.waiting);
+                self.cron_settle(
+                    r.shard, r.epoch, r.ns, r.id, round, generation, done, waiting, wake, now,
+                )
+                .await?;
             }
-            Err(_) => {
+            Err(e) => {
+                // Visible: the owner logs the round's errors (a namespace over its quota, the
+                // API unavailable), and the job waits for its retry timer.
+                report.errors.push(format!(
+                    "the round's submits did not go through ({e}); retried at {} ms",
+                    r.retry_at
+                ));
                 if left_over {
                     self.cron_retry_at(r.shard, r.epoch, r.ns, r.id, Some(r.retry_at)).await?;
                 }
@@ -281,6 +304,33 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Cancels what a job's outbox lists; a transient failure aborts.
+async fn flush_cancels<E: Executions>(
+    exec: &E,
+    job: &CronJob,
+    report: &mut RoundReport,
+) -> Result<(), ExecutionsError> {
+    for id in &job.pending_cancel {
+        match exec.cancel(&job.namespace, id).await {
+            Ok(()) => report.cancelled += 1,
+            Err(ExecutionsError::Transient(e)) => return Err(ExecutionsError::Transient(e)),
+            Err(e) => report.errors.push(format!("cancelling {id}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// What submitting an outbox did.
+#[derive(Debug, Default)]
+struct Flushed {
+    /// `(occurrence, execution id)` of those that have an execution.
+    done: Vec<(i64, String)>,
+    /// Occurrences refused for now (their namespace over its quota): they stay in the outbox.
+    waiting: Vec<i64>,
+    /// Why the waiting ones were refused (the last reason).
+    why_waiting: Option<String>,
 }
 
 /// One round's coordinates.

@@ -155,6 +155,17 @@ impl Api {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
+        self.serve_listener(listener, tls, shutdown)
+    }
+
+    /// Serves on a listener bound beforehand until `shutdown` completes (see
+    /// [`serve_with`](Self::serve_with)).
+    pub fn serve_listener(
+        self,
+        listener: tokio::net::TcpListener,
+        tls: Option<ServerTls>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let bound = listener.local_addr()?;
         let router = tonic::transport::Server::builder()
             .add_service(ExecutionServiceServer::new(self.clone()))

@@ -457,6 +457,8 @@ async fn calls(node: &Node) -> Vec<Call> {
             .body(json!({"catchUp": false})),
         Call::new("POST", "/cron-jobs/{cronJobId}/backfill", "/cron-jobs/nightly/backfill")
             .body(json!({"from": "2026-09-01T00:00:00Z", "until": "2026-09-03T00:00:00Z"})),
+        Call::new("POST", "/cron-jobs/{cronJobId}/trigger", "/cron-jobs/nightly/trigger")
+            .body(json!({"overlap": "allow"})),
         Call::new("GET", "/cron-jobs/{cronJobId}/runs", "/cron-jobs/nightly/runs")
             .query("limit", "5"),
         Call::new("GET", "/cron-preview", "/cron-preview")

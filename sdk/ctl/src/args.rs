@@ -30,9 +30,11 @@ pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 
     arg_required_else_help = true
 )]
 pub struct Cli {
-    /// The node's gRPC endpoint (https://… for TLS).
+    /// The node's gRPC endpoint: http://host:port, https://host:port for TLS, or host:port
+    /// (plain http://). Like every flag here, it may come before or after the command.
     #[arg(
         long,
+        global = true,
         env = "KAIROS_ENDPOINT",
         hide_env_values = true,
         default_value = "http://127.0.0.1:7071",
@@ -44,6 +46,7 @@ pub struct Cli {
     /// The namespace.
     #[arg(
         long,
+        global = true,
         env = "KAIROS_NAMESPACE",
         hide_env_values = true,
         default_value = "default",
@@ -51,7 +54,7 @@ pub struct Cli {
     )]
     pub namespace: String,
     /// The API key (`kai_…`) sent with every call (nodes run by `kairos serve` require one).
-    #[arg(long, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
+    #[arg(long, global = true, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
     /// JSON output, for scripts: results on stdout, errors (usage errors too) on stderr as
     /// {"error": {"code", "message", "exitCode"}}.
@@ -100,6 +103,12 @@ pub struct ConsoleLine {
 pub enum ConsoleCommand {
     #[command(flatten)]
     Api(Api),
+    /// Shows the session's namespace, or switches the following commands to another.
+    #[command(alias = "ns")]
+    Namespace {
+        /// The namespace to switch to.
+        name: Option<String>,
+    },
     /// Leaves the console.
     #[command(alias = "exit")]
     Quit,
@@ -318,6 +327,34 @@ mod tests {
         assert_eq!(kind(&["submit", "u", "1", "--after=-1"]), ErrorKind::ValueValidation);
         assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn the_global_flags_may_follow_the_command() {
+        let c = parse(&[
+            "list",
+            "--endpoint",
+            "h:1",
+            "--namespace",
+            "team-a",
+            "--api-key",
+            "kai_x",
+            "--limit",
+            "5",
+        ])
+        .unwrap();
+        assert_eq!((c.endpoint.as_str(), c.namespace.as_str()), ("h:1", "team-a"));
+        assert_eq!(c.api_key.as_deref(), Some("kai_x"));
+        let c = parse(&["cron", "get", "x", "--namespace", "team-b"]).unwrap();
+        assert_eq!(c.namespace, "team-b");
+        // `bench worker` has an --endpoint of its own, which still gets the value.
+        let c = parse(&["bench", "worker", "--endpoint", "http://w:1", "--slots", "2"]).unwrap();
+        match c.command {
+            Command::Bench(crate::bench::args::Bench {
+                command: crate::bench::args::Command::Worker(w),
+            }) => assert_eq!(w.endpoint, "http://w:1"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

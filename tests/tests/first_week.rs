@@ -177,6 +177,9 @@ fn cron_backfill_and_trigger(ctl: &dyn Fn(&[&str]) -> Run) {
     let runs = runs["executions"].as_array().unwrap().clone();
     assert_eq!(runs.len(), 2, "the backfilled one and the triggered one: {runs:?}");
     assert_eq!(runs[0]["cronOccurrence"], "2026-01-01T03:00:00.000Z", "{runs:?}");
+    let r = ctl(&["cron", "runs", "daily"]);
+    assert!(r.stdout.starts_with("OCCURRENCE"), "the occurrence each run is for: {}", r.stdout);
+    assert!(r.stdout.contains("2026-01-01T03:00:00"), "{}", r.stdout);
     let r = ctl(&["cron", "pause", "daily"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let r = ctl(&["cron", "trigger", "daily"]);

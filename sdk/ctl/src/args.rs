@@ -325,6 +325,11 @@ mod tests {
         assert_eq!(kind(&["submit", "registry://jobs/x", "one"]), ErrorKind::ValueValidation);
         assert_eq!(kind(&["list", "--status", "sleeping"]), ErrorKind::InvalidValue);
         assert_eq!(kind(&["submit", "u", "1", "--after=-1"]), ErrorKind::ValueValidation);
+        let jitter = ["cron", "create", "registry://jobs/x", "1", "* * * * *", "--jitter", "3601"];
+        let e = parse(&jitter).map(|_| ()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        let text = e.to_string();
+        assert!(text.contains("3600 seconds") && !text.contains("jitterMs"), "{text}");
         assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
     }

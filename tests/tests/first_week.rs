@@ -99,6 +99,24 @@ fn a_first_week_with_the_command_line() {
     assert_eq!(r.code, 3, "{}", r.stderr);
     assert!(r.stderr.contains("in namespace team-b"), "{}", r.stderr);
 
+    // One JSON view per object: the command line prints what the HTTP API answers.
+    let r = ctl(&["--json", "cron", "runs", "daily"]);
+    let runs: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    let id = runs["executions"][0]["executionId"].as_str().unwrap().to_string();
+    for (args, path) in [
+        (vec!["--json", "get", id.as_str()], format!("/executions/{id}")),
+        (vec!["--json", "definitions", "get", "echo"], "/definitions/echo".to_string()),
+        (vec!["--json", "cron", "get", "daily"], "/cron-jobs/daily".to_string()),
+    ] {
+        let r = ctl(&args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
+        let cli: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+        let (status, body) = kairos_tests::http_request(http, "GET", &path, &[], b"").unwrap();
+        assert_eq!(status, 200, "{path}: {body}");
+        let api: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(cli, api, "{args:?} against GET {path}");
+    }
+
     // The console switches namespace.
     let r =
         ctl_with(&["--endpoint", &grpc, "console"], Some("namespace\nns team-b\nget nope\nquit\n"));

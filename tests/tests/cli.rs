@@ -1,6 +1,6 @@
-//! The command lines as users run them: the real `kairos` and `kairosctl` binaries (issue 13,
-//! "the command lines"): help and version everywhere, usage errors with exit code 2 and no
-//! backtrace, conflicting flags refused, errors as JSON with `--json`, no node needed for help,
+//! The command lines as users run them: the real `kairos` and `kairosctl` binaries: help and
+//! version everywhere, usage errors with exit code 2 and no backtrace, conflicting flags
+//! refused, errors as JSON with `--json`, no node needed for help,
 //! a worker that fails fast on bad settings, environment variables, completions, a retryable
 //! `submit --key --after`, and the console (quoting, help, `quit` exits 0).
 #![allow(clippy::disallowed_methods)] // real processes, real time

@@ -447,6 +447,7 @@ async fn calls(node: &Node) -> Vec<Call> {
         Call::new("GET", "/definitions/{name}", "/definitions/echo").query("version", "1"),
         Call::new("GET", "/metrics", "/metrics"),
         Call::new("GET", "/healthz", "/healthz"),
+        Call::new("GET", "/readyz", "/readyz"),
         Call::new("POST", "/cron-jobs", "/cron-jobs").body(cron.clone()),
         Call::new("GET", "/cron-jobs", "/cron-jobs").query("limit", "10"),
         Call::new("GET", "/cron-jobs/{cronJobId}", "/cron-jobs/nightly"),

@@ -447,6 +447,7 @@ async fn calls(node: &Node) -> Vec<Call> {
         Call::new("GET", "/definitions/{name}", "/definitions/echo").query("version", "1"),
         Call::new("GET", "/metrics", "/metrics"),
         Call::new("GET", "/healthz", "/healthz"),
+        Call::new("GET", "/readyz", "/readyz"),
         Call::new("POST", "/cron-jobs", "/cron-jobs").body(cron.clone()),
         Call::new("GET", "/cron-jobs", "/cron-jobs").query("limit", "10"),
         Call::new("GET", "/cron-jobs/{cronJobId}", "/cron-jobs/nightly"),
@@ -457,6 +458,8 @@ async fn calls(node: &Node) -> Vec<Call> {
             .body(json!({"catchUp": false})),
         Call::new("POST", "/cron-jobs/{cronJobId}/backfill", "/cron-jobs/nightly/backfill")
             .body(json!({"from": "2026-09-01T00:00:00Z", "until": "2026-09-03T00:00:00Z"})),
+        Call::new("POST", "/cron-jobs/{cronJobId}/trigger", "/cron-jobs/nightly/trigger")
+            .body(json!({"overlap": "allow"})),
         Call::new("GET", "/cron-jobs/{cronJobId}/runs", "/cron-jobs/nightly/runs")
             .query("limit", "5"),
         Call::new("GET", "/cron-preview", "/cron-preview")

@@ -160,7 +160,18 @@ async fn bad_jobs_are_refused_naming_the_field() {
         }
     }
     let unknown = bad(&|j| j.definition_version = 9);
-    assert!(matches!(s.create_cron_job(unknown, false).await, Err(Error::NotFound { .. })));
+    match s.create_cron_job(unknown, false).await {
+        Err(e @ Error::NotFound { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("version 9") && text.contains(&format!("in namespace {NS}")),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = s.get_definition(NS, "no-such", None).await.unwrap_err().to_string();
+    assert!(e.contains("registry://jobs/no-such in namespace"), "{e}");
 }
 
 #[tokio::test]

@@ -102,9 +102,16 @@ async fn lease_expiry_retries_with_backoff_then_fails_after_max_attempts() {
     // Replay: the next attempt of the same execution, with a fresh budget.
     let e = w.sched.replay(NS, &id, "test").await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Ready);
+    // Asked again before a new attempt (a client retrying a lost answer): the same replay, as
+    // docs/api.md says — not a second one, not a refusal.
+    let again = w.sched.replay(NS, &id, "test").await.unwrap();
+    assert_eq!((again.status(), again.attempt_base), (ExecutionStatus::Ready, e.attempt_base));
     let c = w.sched.claim_for(NS, "report", "w", 1, None).await.unwrap();
     assert_eq!(c[0].attempt.number, 4);
     assert!(c[0].attempt.fencing_token > 1 << 20);
+    // Once it runs again, a replay is refused: only FAILED executions are replayed (409).
+    let e = w.sched.replay(NS, &id, "test").await.unwrap_err();
+    assert!(matches!(&e, Error::FailedPrecondition(m) if m.contains("RUNNING")), "{e}");
     w.check_invariants().await;
 }
 

@@ -51,8 +51,8 @@ pub struct Client {
 pub type Submitted = SubmitResponse;
 
 impl Client {
-    /// Connects to a node's gRPC endpoint (`http://host:port`, or `https://host:port`
-    /// verified against the webpki roots): a 5 s time-out per try, 3 tries with back-off.
+    /// Connects to a node's gRPC endpoint (`http://host:port` — `host:port` alone means the
+    /// same —, or `https://host:port` verified against the webpki roots): a 5 s time-out per try, 3 tries with back-off.
     /// Later calls reconnect by themselves if the node restarts.
     pub async fn connect(endpoint: &str) -> Result<Client, Error> {
         Client::connect_tls(endpoint, &Tls::default()).await
@@ -61,6 +61,11 @@ impl Client {
     /// [`connect`](Self::connect) with TLS options (a CA of your own, a client certificate),
     /// which need an `https://` endpoint.
     pub async fn connect_tls(endpoint: &str, tls: &Tls) -> Result<Client, Error> {
+        // `host:port` without a scheme is plain `http://host:port` (TLS needs `https://`).
+        let endpoint = &match endpoint.contains("://") {
+            true => endpoint.to_string(),
+            false => format!("http://{endpoint}"),
+        };
         let mut ep = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| Error::Invalid(format!("endpoint {endpoint:?}: {e}")))?;
         match ep.uri().scheme_str() {

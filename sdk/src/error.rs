@@ -31,7 +31,12 @@ pub(crate) fn causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut reason = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        reason.push_str(&format!(": {c}"));
+        // Layers that repeat their source's text ("tcp connect error: tcp connect error") are
+        // said once.
+        let text = c.to_string();
+        if !reason.ends_with(&text) {
+            reason.push_str(&format!(": {text}"));
+        }
         cause = c.source();
     }
     reason
@@ -82,5 +87,36 @@ impl Error {
                 | tonic::Code::Cancelled
                 | tonic::Code::Aborted
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn a_cause_repeated_by_its_wrapper_is_said_once() {
+        let refused = Layer("Connection refused", None);
+        let e = Layer(
+            "transport error",
+            Some(Box::new(Layer(
+                "tcp connect error",
+                Some(Box::new(Layer("tcp connect error", Some(Box::new(refused))))),
+            ))),
+        );
+        assert_eq!(super::causes(&e), "transport error: tcp connect error: Connection refused");
     }
 }

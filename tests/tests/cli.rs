@@ -1,6 +1,6 @@
-//! The command lines as users run them: the real `kairos` and `kairosctl` binaries (issue 13,
-//! "the command lines"): help and version everywhere, usage errors with exit code 2 and no
-//! backtrace, conflicting flags refused, errors as JSON with `--json`, no node needed for help,
+//! The command lines as users run them: the real `kairos` and `kairosctl` binaries: help and
+//! version everywhere, usage errors with exit code 2 and no backtrace, conflicting flags
+//! refused, errors as JSON with `--json`, no node needed for help,
 //! a worker that fails fast on bad settings, environment variables, completions, a retryable
 //! `submit --key --after`, and the console (quoting, help, `quit` exits 0).
 #![allow(clippy::disallowed_methods)] // real processes, real time
@@ -561,4 +561,63 @@ fn dev_says_authentication_is_off() {
     }
     let (status, _) = kairos_tests::http_request(http, "GET", "/executions", &[], b"").unwrap();
     assert_eq!(status, 200, "no key needed");
+}
+
+/// The ports are bound before the node starts: with the HTTP port taken, `kairos dev` stops at
+/// once, saying which port, and never logs that the node started (nor takes a lease). Once up,
+/// `/readyz` says `ready` with the shards it holds.
+#[test]
+fn a_port_in_use_stops_the_node_before_it_starts_and_readyz_says_when_it_is_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let r = run(
+        KAIROS,
+        &[
+            "dev",
+            "--data-dir",
+            dir.path().join("d").to_str().unwrap(),
+            "--log",
+            "info",
+            "--listen-http",
+            &format!("127.0.0.1:{port}"),
+            "--listen-grpc",
+            &format!("127.0.0.1:{}", free_port()),
+        ],
+        &[],
+    );
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains(&format!("127.0.0.1:{port}")), "{}", r.stderr);
+    assert!(!r.stderr.contains("node started"), "not started before binding: {}", r.stderr);
+    assert!(!r.stdout.contains(" up "), "{}", r.stdout);
+    drop(taken);
+
+    let (http, grpc) = (free_port(), free_port());
+    let _node = Killed(
+        Command::new(KAIROS)
+            .args(["dev", "--data-dir", dir.path().join("e").to_str().unwrap(), "--log", "warn"])
+            .args(["--listen-http", &format!("127.0.0.1:{http}")])
+            .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < Duration::from_secs(20), "never ready");
+        match kairos_tests::http_request(http, "GET", "/readyz", &[], b"") {
+            Ok((200, body)) => {
+                assert!(body.starts_with("ready ") && !body.contains("shards=0"), "{body}");
+                break;
+            }
+            Ok((503, body)) => assert!(body.starts_with("not-ready "), "{body}"),
+            Ok((s, body)) => panic!("/readyz answered {s}: {body}"),
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // `--endpoint host:port` without a scheme is http://host:port.
+    let r = ctl(&["--endpoint", &format!("127.0.0.1:{grpc}"), "list"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
 }

@@ -48,18 +48,14 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "simulation/src/",
         "*",
         "the seed runner, the workload and the checker are long scripted scenarios whose order \
-         is the trace (splitting them must keep every seed's trace hash): next after issue 22",
+         is the trace (splitting them must keep every seed's trace hash): the next to split",
     ),
     (
         "sdk/ctl/src/bench/",
         "*",
         "each load-generator scenario's `run` is its script of phases, read top to bottom",
     ),
-    (
-        "sdk/src/worker.rs",
-        "run",
-        "the worker's stream loop: rewritten by issue 19 (chunked resends)",
-    ),
+    ("sdk/src/worker.rs", "run", "the worker's stream loop: to be rewritten with chunked resends"),
     ("sdk/src/executors/http.rs", "run_http", "the http executor's request, to split next"),
 ];
 

@@ -1,4 +1,4 @@
-//! TLS (issue 14) over real listeners, with certificates made here: the node's gRPC and HTTP
+//! TLS over real listeners, with certificates made here: the node's gRPC and HTTP
 //! listeners with the right CA, a client trusting another CA refused, mutual TLS on gRPC (a
 //! client without a certificate, or with one from another CA, refused; a worker with a good one
 //! runs tasks), certificate files replaced while the node runs and served to new connections;

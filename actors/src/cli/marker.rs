@@ -76,11 +76,12 @@ pub(super) fn mark_store_created(config: &NodeConfig) -> anyhow::Result<()> {
     // A store created before this marker existed gets it now, with what the inside one says.
     let text = std::fs::read_to_string(&inside).unwrap_or(text);
     if let Err(e) = std::fs::write(&beside, text) {
-        eprintln!(
-            "kairos: WARNING: cannot write {} ({e}): only the marker inside the data directory \
-             guards against starting a new, empty cluster when its volume is not mounted",
+        let text = format!(
+            "cannot write {} ({e}): only the marker inside the data directory guards against \
+             starting a new, empty cluster when its volume is not mounted",
             beside.display()
         );
+        super::warn(config, &text);
     }
     Ok(())
 }

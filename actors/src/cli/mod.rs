@@ -230,6 +230,16 @@ fn name(what: &str, v: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// A warning for the operator on stderr: with `log_format: json` a log event (stderr stays one
+/// stream of JSON lines), else a plain `kairos: WARNING: …` line.
+fn warn(config: &crate::server::config::NodeConfig, text: &str) {
+    if config.log_format == crate::server::config::LogFormat::Json {
+        tracing::warn!("{text}");
+    } else {
+        eprintln!("kairos: WARNING: {text}");
+    }
+}
+
 /// Runs the `kairos` command line with the process arguments: exit code 0 on success, 1 on a
 /// failure (its causes on stderr, no backtrace), 2 on a usage error.
 pub fn main() -> ExitCode {

@@ -9,8 +9,8 @@ use anyhow::{Context, bail};
 use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::{Database, StoreHealth};
 
-use super::marker;
 use super::signal::wait_for_signal;
+use super::{marker, warn};
 use crate::api;
 use crate::node::Node;
 use crate::server::auth::AuthMode;
@@ -43,6 +43,12 @@ pub(super) async fn open_database(
     Ok(match config.backend {
         Backend::Embedded => open_embedded(config, clock, rng)?,
         Backend::Memory => {
+            warn(
+                config,
+                "backend memory: nothing is durable — every execution, schedule, definition and \
+                 key is lost when this node stops (for tests and demos; embedded or postgres keep \
+                 them)",
+            );
             let db = kairos_layer::kv::memory::MemoryDatabase::open(
                 clock,
                 rng,
@@ -117,15 +123,17 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     // Before any listener: raise the descriptor limit and fit the connection limits into it.
     let budget = crate::server::conns::descriptor_budget(&mut config);
     if let Some(w) = &budget.warning {
-        eprintln!("{w}");
+        warn(&config, w);
     }
     if config.backend == Backend::Embedded || config.data_dir.exists() {
         let changed = super::files::private_data_dir(&config.data_dir)?;
         if !changed.is_empty() {
-            eprintln!(
-                "kairos: WARNING: the data directory was readable by other users; made private                  (it holds every namespace's data and the key hashes): {}",
+            let text = format!(
+                "the data directory was readable by other users; made private (it holds every \
+                 namespace's data and the key hashes): {}",
                 changed.join(", ")
             );
+            warn(&config, &text);
         }
     }
     let clock: SharedClock = Arc::new(SystemClock::default());
@@ -136,32 +144,25 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     }
     config.node_id = Some(node_id(&config, &rng)?);
     let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;
+    let say = config.clone();
     let store = describe_store(&config);
     let data_dir = config.data_dir.clone();
     let tls_reload =
         (config.tls_reload_ms > 0).then(|| std::time::Duration::from_millis(config.tls_reload_ms));
-    let (listen, listen_grpc) = (config.listen_http, config.listen_grpc);
+    // Both ports first: one in use stops the node before it starts or takes any lease.
+    let listeners = bind(&config).await?;
     let node = Node::start(config, db.clone(), clock, rng).await?;
     if let Some(why) = doubt {
-        eprintln!(
-            "kairos: WARNING: the store was not verified at start-up ({why}); /healthz says \
-             `unverified` until `kairos check --data-dir {}` verifies it with the node stopped",
+        let text = format!(
+            "the store was not verified at start-up ({why}); /healthz says `unverified` until \
+             `kairos check --data-dir {}` verifies it with the node stopped",
             display_dir(&data_dir)
         );
+        warn(&say, &text);
         node.note_store_unverified(why);
     }
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let (bound, http) =
-        api::http::serve_with(listen, node.clone(), tls.clone(), stopped(shutdown_rx.clone()))
-            .await
-            .with_context(|| format!("listening on {listen}"))?;
-    let (bound_grpc, grpc) = api::grpc::Api::new(node.clone())
-        .serve_with(listen_grpc, tls.clone(), stopped(shutdown_rx))
-        .await
-        .with_context(|| format!("listening on {listen_grpc}"))?;
+    let ((bound, http), (bound_grpc, grpc)) = serve(&node, &tls, listeners, shutdown_rx)?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
         "kairos: node {} up — HTTP API {scheme}://{bound} (metrics at /metrics), gRPC {bound_grpc}; {store}",
@@ -174,9 +175,9 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         c.max_connections_per_peer,
         budget.descriptors.map_or("unknown".into(), |n| n.to_string())
     );
-    announce_auth(&node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
+    announce_auth(&say, &node, &data_dir, &format!("{scheme}://{bound}"), bound_grpc).await?;
     let tls_watch = tls.as_ref().map(|t| announce_tls(t, tls_reload));
-    let fatal = wait_for_stop(&node).await;
+    let fatal = wait_for_stop(&say, &node).await;
     if let Some(w) = tls_watch {
         w.abort();
     }
@@ -200,6 +201,41 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Binds the HTTP and gRPC ports (before the node starts).
+async fn bind(
+    config: &NodeConfig,
+) -> anyhow::Result<(tokio::net::TcpListener, tokio::net::TcpListener)> {
+    let (listen, listen_grpc) = (config.listen_http, config.listen_grpc);
+    let http = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen} (listen_http)"))?;
+    let grpc = tokio::net::TcpListener::bind(listen_grpc)
+        .await
+        .with_context(|| format!("listening on {listen_grpc} (listen_grpc)"))?;
+    Ok((http, grpc))
+}
+
+/// A listener's address and its serving task.
+type Serving = (std::net::SocketAddr, tokio::task::JoinHandle<()>);
+
+/// Serves the HTTP and gRPC APIs on the bound listeners until `shutdown` says true.
+fn serve(
+    node: &Node,
+    tls: &Option<ServerTls>,
+    (http, grpc): (tokio::net::TcpListener, tokio::net::TcpListener),
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(Serving, Serving)> {
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let h = api::http::serve_listener(http, node.clone(), tls.clone(), stopped(shutdown.clone()))
+        .context("serving the HTTP API")?;
+    let g = api::grpc::Api::new(node.clone())
+        .serve_listener(grpc, tls.clone(), stopped(shutdown))
+        .context("serving the gRPC API")?;
+    Ok((h, g))
+}
+
 /// Says how the listeners' certificates are used and reloaded, and starts watching them.
 fn announce_tls(t: &ServerTls, reload: Option<std::time::Duration>) -> tokio::task::JoinHandle<()> {
     let client_auth = match &t.files().client_ca {
@@ -218,7 +254,7 @@ fn announce_tls(t: &ServerTls, reload: Option<std::time::Duration>) -> tokio::ta
 }
 
 /// Waits for a signal (`false`: drain) or a failed store (`true`: stop at once).
-async fn wait_for_stop(node: &Node) -> bool {
+async fn wait_for_stop(config: &NodeConfig, node: &Node) -> bool {
     let mut health = node.watch_store_health();
     let failed = async move {
         let failed = health.wait_for(|h| matches!(h, StoreHealth::Failed { .. })).await;
@@ -233,9 +269,10 @@ async fn wait_for_stop(node: &Node) -> bool {
     };
     match &fatal {
         Some(StoreHealth::Failed { reason }) => {
-            eprintln!(
-                "kairos: the store failed ({reason}); stopping so a supervisor can restart the node"
+            let text = format!(
+                "the store failed ({reason}); stopping so a supervisor can restart the node"
             );
+            warn(config, &text);
         }
         _ => println!("kairos: draining…"),
     }
@@ -248,16 +285,18 @@ pub(super) const BOOTSTRAP_KEY_FILE: &str = "admin-key";
 /// Says how callers get in: loudly when anyone may, and with a first admin key (written to a
 /// file only its owner may read) when keys are required and none exists yet.
 async fn announce_auth(
+    config: &NodeConfig,
     node: &Node,
     data_dir: &Path,
     http: &str,
     grpc: std::net::SocketAddr,
 ) -> anyhow::Result<()> {
     if node.auth().mode() == AuthMode::Off {
-        eprintln!(
-            "kairos: WARNING: authentication is OFF — anyone who can reach {http} or {grpc} \
-             may use every namespace (kairos dev's default; `kairos serve` requires API keys)"
+        let text = format!(
+            "authentication is OFF (auth: off) — anyone who can reach {http} or {grpc} may use \
+             every namespace; `--auth keys` (KAIROS_AUTH=keys) requires an API key on every call"
         );
+        warn(config, &text);
         return Ok(());
     }
     let sched = node.scheduler();

@@ -75,6 +75,18 @@ impl Node {
         Ok((job, occurrences))
     }
 
+    /// Runs a cron job now, outside its schedule (one occurrence at this instant).
+    pub async fn trigger_cron_job(
+        &self,
+        ns: &str,
+        id: &str,
+        overlap: Option<&str>,
+    ) -> ops::Result<(CronJob, i64)> {
+        let (job, occurrence) = self.scheduler().trigger_cron_job(ns, id, overlap).await?;
+        self.cron_changed(&job);
+        Ok((job, occurrence))
+    }
+
     /// Cron shards this node currently owns.
     pub fn owned_cron_shards(&self) -> Vec<u32> {
         self.ctx().routes.owned_cron_shards()

@@ -123,8 +123,25 @@ pub struct LeaseState {
     /// Until when each held lease is known to be ours.
     valid_until: BTreeMap<PartitionId, i64>,
     busy: bool,
+    /// When the round under way (if `busy`) started.
+    round_started_ms: i64,
+    /// Why the last round failed (`None`: it went through).
+    last_round_error: Option<String>,
     draining: bool,
     started_at_ms: i64,
+}
+
+/// Why leases ran out unrenewed, as the operator reads it in the one line that says so.
+pub fn lapse_cause(busy_for_ms: Option<i64>, last_error: Option<&str>) -> String {
+    match (busy_for_ms, last_error) {
+        (Some(ms), _) => format!(
+            "the renewal round started {ms} ms ago has not finished: the store is slow or unreachable"
+        ),
+        (None, Some(e)) => format!("the last renewal round failed: {e}"),
+        (None, None) => "no renewal round ran in time: the process was paused or starved of CPU, \
+                         or its clock jumped"
+            .to_string(),
+    }
 }
 
 impl LeaseState {
@@ -137,6 +154,7 @@ impl LeaseState {
             return;
         }
         self.busy = true;
+        self.round_started_ms = self.ctx.now_ms();
         let ctx = self.ctx.clone();
         let held: BTreeMap<PartitionId, u64> =
             self.held.iter().map(|(p, (e, _))| (*p, *e)).collect();
@@ -155,16 +173,25 @@ impl LeaseState {
         let now = self.ctx.now_ms();
         let lapsed: Vec<PartitionId> =
             self.valid_until.iter().filter(|(_, until)| **until <= now).map(|(p, _)| *p).collect();
+        let mut stopped: BTreeMap<&'static str, usize> = BTreeMap::new();
         for p in lapsed {
             self.valid_until.remove(&p);
             if let Some((_, worker)) = self.held.remove(&p) {
-                tracing::warn!(
-                    space = p.0.name(),
-                    partition = p.1,
-                    "lease ran out unrenewed: stopping its worker"
-                );
+                *stopped.entry(p.0.name()).or_default() += 1;
                 worker.stop(Some("lease expired".into()));
             }
+        }
+        if !stopped.is_empty() {
+            // One line for all of them, with the cause (not one per partition).
+            let busy_for = self.busy.then(|| now - self.round_started_ms);
+            let cause = lapse_cause(busy_for, self.last_round_error.as_deref());
+            let n: usize = stopped.values().sum();
+            tracing::warn!(
+                leases = n,
+                by_space = ?stopped,
+                cause = %cause,
+                "{n} leases ran out unrenewed; their workers stopped (taken again once a round goes through)"
+            );
         }
     }
 
@@ -407,6 +434,8 @@ impl Actor for LeaseManager {
             held: BTreeMap::new(),
             valid_until: BTreeMap::new(),
             busy: false,
+            round_started_ms: started_at_ms,
+            last_round_error: None,
             draining: false,
             started_at_ms,
         };
@@ -434,8 +463,14 @@ impl Actor for LeaseManager {
             LeaseMsg::Round(r) => {
                 s.busy = false;
                 match r {
-                    Ok(outcome) => s.round_done(&myself, outcome).await,
-                    Err(e) => tracing::warn!(error = %e, "lease round failed; retrying"),
+                    Ok(outcome) => {
+                        s.last_round_error = None;
+                        s.round_done(&myself, outcome).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease round failed; retrying");
+                        s.last_round_error = Some(e.to_string());
+                    }
                 }
             }
             LeaseMsg::Drain(reply) => {
@@ -474,6 +509,13 @@ mod tests {
     use super::*;
 
     const E: Space = Space::Executions;
+
+    #[test]
+    fn a_lapse_names_its_cause() {
+        assert!(lapse_cause(Some(12_000), Some("x")).contains("started 12000 ms ago"));
+        assert!(lapse_cause(None, Some("store unavailable")).contains("failed: store unavailable"));
+        assert!(lapse_cause(None, None).contains("paused"));
+    }
 
     fn node(id: &str, region: &str, hb: i64) -> NodeRecord {
         NodeRecord {

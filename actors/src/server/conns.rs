@@ -360,7 +360,7 @@ pub fn descriptor_budget(config: &mut NodeConfig) -> Budget {
     if config.max_connections_per_peer > per_peer {
         config.max_connections_per_peer = per_peer;
     }
-    let warning = (!warning.is_empty()).then(|| format!("kairos: WARNING: {}", warning.join("; ")));
+    let warning = (!warning.is_empty()).then(|| warning.join("; "));
     Budget { descriptors: Some(n), warning }
 }
 

@@ -80,19 +80,25 @@ impl EncodeMetric for HistogramSnapshot {
     }
 }
 
+/// A help text as the registry takes it: without its final full stop, which the registry adds
+/// (else every `# HELP` line would end in "..").
+fn help_text(help: &str) -> &str {
+    help.strip_suffix('.').unwrap_or(help)
+}
+
 /// Registers a counter's current value (the encoder adds `_total`).
 pub(crate) fn counter(reg: &mut Registry, name: &str, help: &str, v: &AtomicU64) {
-    reg.register(name, help, ConstCounter::new(v.load(Ordering::Relaxed)));
+    reg.register(name, help_text(help), ConstCounter::new(v.load(Ordering::Relaxed)));
 }
 
 /// Registers a gauge's current value.
 pub(crate) fn gauge(reg: &mut Registry, name: &str, help: &str, v: &AtomicI64) {
-    reg.register(name, help, ConstGauge::new(v.load(Ordering::Relaxed)));
+    reg.register(name, help_text(help), ConstGauge::new(v.load(Ordering::Relaxed)));
 }
 
 /// Registers a latency histogram in seconds (the encoder adds `_seconds`).
 pub(crate) fn seconds(reg: &mut Registry, name: &str, help: &str, h: &Histogram) {
-    reg.register_with_unit(name, help, Unit::Seconds, h.snapshot());
+    reg.register_with_unit(name, help_text(help), Unit::Seconds, h.snapshot());
 }
 
 /// Registers counters by one label's values.
@@ -107,7 +113,7 @@ pub(crate) fn counters_by(
     for (l, v) in values {
         family.get_or_create(&vec![(label, l.to_string())]).inc_by(*v);
     }
-    reg.register(name, help, family);
+    reg.register(name, help_text(help), family);
 }
 
 /// Connections the listeners refused over their limits ([`crate::server::conns`]): HTTP, gRPC.
@@ -214,7 +220,7 @@ impl Metrics {
         }
         reg.register(
             "kairos_executions",
-            "Executions by state (cluster-wide, all namespaces).",
+            help_text("Executions by state (cluster-wide, all namespaces)."),
             by_state,
         );
     }
@@ -383,6 +389,13 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert_eq!(line.split(' ').count(), 2, "sample lines are `name value`: {line}");
         }
+        CronMetrics::default().register(&mut reg);
+        let text = encode(&reg);
+        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
+        assert!(helps.len() > 20, "{text}");
+        for h in helps {
+            assert!(h.ends_with('.') && !h.ends_with(".."), "one full stop: {h}");
+        }
     }
 }
 
@@ -488,7 +501,7 @@ impl CronMetrics {
         seconds(
             reg,
             "kairos_cron_materialize_lateness",
-            "How late cron occurrences were materialized, after due minus the lookahead.",
+            "How late cron occurrences were materialized, after due minus the lookahead (backfilled, triggered and caught-up ones left out).",
             &self.lateness,
         );
         gauge(reg, "kairos_cron_shards_owned", "Cron shards this node owns.", &self.shards_owned);

@@ -294,7 +294,62 @@ fn execution(node: Option<Tree>) -> Result<Vec<u8>> {
         None => return Err(err("execution.type", "is required")),
     }
     let value = Tree::Map(std::mem::take(&mut f.entries)).into_json("execution")?;
+    builtin_execution(&value)?;
     Ok(serde_json::to_vec(&value).unwrap_or_default())
+}
+
+/// The `execution.type`s whose executors ship with Kairos (`kairos worker`); any other type
+/// is left to a worker of one's own and accepted as it is.
+pub const BUILTIN_EXECUTION_TYPES: [&str; 2] = ["command", "http"];
+
+/// Checks the block of a built-in executor as that executor reads it, so that a definition
+/// it cannot run is refused at registration rather than failing at every run.
+fn builtin_execution(exec: &Value) -> Result<()> {
+    let field = |k: &str| exec.get(k).filter(|v| !v.is_null());
+    let strings = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+    match exec.get("type").and_then(Value::as_str) {
+        Some("command") => {
+            match field("command") {
+                None => return Err(err("execution.command", "is required for type command")),
+                Some(c) if !strings(c) => {
+                    return Err(err("execution.command", "must be a list of strings (argv)"));
+                }
+                Some(c) if c.as_array().is_some_and(Vec::is_empty) => {
+                    return Err(err("execution.command", "must not be empty"));
+                }
+                Some(_) => {}
+            }
+            let codes = field("permanent_exit_codes");
+            if codes.is_some_and(|c| !c.as_array().is_some_and(|a| a.iter().all(Value::is_i64))) {
+                return Err(err("execution.permanent_exit_codes", "must be a list of integers"));
+            }
+        }
+        Some("http") => {
+            let url = field("url").and_then(Value::as_str).unwrap_or_default();
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(err(
+                    "execution.url",
+                    "is required for type http: an http:// or https:// URL",
+                ));
+            }
+            let method = field("method").map(|m| m.as_str().unwrap_or_default());
+            if method.is_some_and(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic())) {
+                return Err(err("execution.method", "must be an HTTP method such as POST"));
+            }
+            for k in ["timeout_ms", "follow_redirects"] {
+                if field(k).is_some_and(|v| !v.is_u64()) {
+                    return Err(err(format!("execution.{k}"), "must be a non-negative integer"));
+                }
+            }
+            if field("headers")
+                .is_some_and(|h| !h.as_object().is_some_and(|m| m.values().all(Value::is_string)))
+            {
+                return Err(err("execution.headers", "must be a mapping of names to strings"));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn retry(node: Option<Tree>) -> Result<RetryPolicy> {

@@ -295,6 +295,47 @@ const TOP_LEVEL_ERRORS: &[(&str, &str, &str)] = &[
     ("name: x\nversion: 1\nexecution: {type: 3}", "execution.type", "must be a string"),
     ("name: x\nversion: 1\nexecution: {type: ''}", "execution.type", "must not be empty"),
     ("name: x\nversion: 1\nexecution: {type: x, n: [1, .nan]}", "execution.n[1]", "finite"),
+    (
+        "name: x\nversion: 1\nexecution: {type: command}",
+        "execution.command",
+        "is required for type command",
+    ),
+    (
+        "name: x\nversion: 1\nexecution: {type: command, command: []}",
+        "execution.command",
+        "must not be empty",
+    ),
+    (
+        "name: x\nversion: 1\nexecution: {type: command, command: sh}",
+        "execution.command",
+        "list of strings",
+    ),
+    (
+        "name: x\nversion: 1\nexecution: {type: command, command: [sh, 1]}",
+        "execution.command",
+        "list of strings",
+    ),
+    (
+        "name: x\nversion: 1\nexecution: {type: command, command: [sh], permanent_exit_codes: [a]}",
+        "execution.permanent_exit_codes",
+        "list of integers",
+    ),
+    ("name: x\nversion: 1\nexecution: {type: http}", "execution.url", "is required for type http"),
+    (
+        "name: x\nversion: 1\nexecution: {type: http, url: ftp://h/}",
+        "execution.url",
+        "http:// or https://",
+    ),
+    (
+        "name: x\nversion: 1\nexecution: {type: http, url: 'http://h/', method: 'P OST'}",
+        "execution.method",
+        "HTTP method",
+    ),
+    (
+        "name: x\nversion: 1\nexecution: {type: http, url: 'http://h/', timeout_ms: -1}",
+        "execution.timeout_ms",
+        "non-negative integer",
+    ),
 ];
 
 /// A good file with one section added or replaced: (section, field, message).

@@ -113,8 +113,8 @@ impl Scheduler {
         found.ok_or_else(|| Error::NotFound {
             what: "definition",
             id: match version {
-                Some(v) => format!("registry://jobs/{name} version {v}"),
-                None => format!("registry://jobs/{name}"),
+                Some(v) => format!("registry://jobs/{name} version {v} in namespace {ns}"),
+                None => format!("registry://jobs/{name} in namespace {ns}"),
             },
         })
     }

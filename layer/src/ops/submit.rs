@@ -346,7 +346,10 @@ impl Scheduler {
         }
         let def = f.def.ok_or_else(|| Error::NotFound {
             what: "definition",
-            id: format!("registry://jobs/{} version {}", req.definition, req.definition_version),
+            id: format!(
+                "registry://jobs/{} version {} in namespace {}",
+                req.definition, req.definition_version, req.namespace
+            ),
         })?;
         let snapshot = crate::definition::validate_inputs(&def, &req.inputs)
             .map_err(|e| invalid(e.field(), e.reason()))?;

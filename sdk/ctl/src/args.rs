@@ -30,9 +30,11 @@ pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 
     arg_required_else_help = true
 )]
 pub struct Cli {
-    /// The node's gRPC endpoint (https://… for TLS).
+    /// The node's gRPC endpoint: http://host:port, https://host:port for TLS, or host:port
+    /// (plain http://). Like every flag here, it may come before or after the command.
     #[arg(
         long,
+        global = true,
         env = "KAIROS_ENDPOINT",
         hide_env_values = true,
         default_value = "http://127.0.0.1:7071",
@@ -44,6 +46,7 @@ pub struct Cli {
     /// The namespace.
     #[arg(
         long,
+        global = true,
         env = "KAIROS_NAMESPACE",
         hide_env_values = true,
         default_value = "default",
@@ -53,11 +56,12 @@ pub struct Cli {
     /// The API key (`kai_…`) sent with every call (nodes run by `kairos serve` require one).
     /// Prefer KAIROS_API_KEY or --api-key-file: a flag's value is visible to other users in
     /// `ps`.
-    #[arg(long, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
+    #[arg(long, global = true, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
     /// A file holding the API key (its first line), e.g. the node's DATA_DIR/admin-key.
     #[arg(
         long,
+        global = true,
         env = "KAIROS_API_KEY_FILE",
         hide_env_values = true,
         value_name = "FILE",
@@ -111,6 +115,12 @@ pub struct ConsoleLine {
 pub enum ConsoleCommand {
     #[command(flatten)]
     Api(Api),
+    /// Shows the session's namespace, or switches the following commands to another.
+    #[command(alias = "ns")]
+    Namespace {
+        /// The namespace to switch to.
+        name: Option<String>,
+    },
     /// Leaves the console.
     #[command(alias = "exit")]
     Quit,
@@ -327,8 +337,41 @@ mod tests {
         assert_eq!(kind(&["submit", "registry://jobs/x", "one"]), ErrorKind::ValueValidation);
         assert_eq!(kind(&["list", "--status", "sleeping"]), ErrorKind::InvalidValue);
         assert_eq!(kind(&["submit", "u", "1", "--after=-1"]), ErrorKind::ValueValidation);
+        let jitter = ["cron", "create", "registry://jobs/x", "1", "* * * * *", "--jitter", "3601"];
+        let e = parse(&jitter).map(|_| ()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        let text = e.to_string();
+        assert!(text.contains("3600 seconds") && !text.contains("jitterMs"), "{text}");
         assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn the_global_flags_may_follow_the_command() {
+        let c = parse(&[
+            "list",
+            "--endpoint",
+            "h:1",
+            "--namespace",
+            "team-a",
+            "--api-key",
+            "kai_x",
+            "--limit",
+            "5",
+        ])
+        .unwrap();
+        assert_eq!((c.endpoint.as_str(), c.namespace.as_str()), ("h:1", "team-a"));
+        assert_eq!(c.api_key.as_deref(), Some("kai_x"));
+        let c = parse(&["cron", "get", "x", "--namespace", "team-b"]).unwrap();
+        assert_eq!(c.namespace, "team-b");
+        // `bench worker` has an --endpoint of its own, which still gets the value.
+        let c = parse(&["bench", "worker", "--endpoint", "http://w:1", "--slots", "2"]).unwrap();
+        match c.command {
+            Command::Bench(crate::bench::args::Bench {
+                command: crate::bench::args::Command::Worker(w),
+            }) => assert_eq!(w.endpoint, "http://w:1"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -130,6 +130,8 @@ enum Step {
     /// Nothing (an empty line, help printed, a usage error reported).
     Nothing,
     Quit,
+    /// Show (`None`) or switch the session's namespace.
+    Namespace(Option<String>),
     Run(Opts, Api),
 }
 
@@ -146,6 +148,9 @@ fn parse_line(line: &str, session_json: bool) -> Step {
     let json = session_json || words.iter().any(|w| w == "--json");
     match ConsoleLine::try_parse_from(&words) {
         Ok(ConsoleLine { command: ConsoleCommand::Quit, .. }) => Step::Quit,
+        Ok(ConsoleLine { command: ConsoleCommand::Namespace { name }, .. }) => {
+            Step::Namespace(name)
+        }
         Ok(ConsoleLine { json: line_json, command: ConsoleCommand::Api(cmd) }) => {
             Step::Run(Opts { json: session_json || line_json }, cmd)
         }
@@ -175,7 +180,7 @@ pub(crate) async fn run(
     endpoint: &str,
     tls: &kairos_sdk::Tls,
     api_key: Option<String>,
-    namespace: String,
+    mut namespace: String,
     o: Opts,
 ) -> i32 {
     let mut client: Option<Client> = None;
@@ -200,6 +205,12 @@ pub(crate) async fn run(
             Ok(line) => match parse_line(&line, o.json) {
                 Step::Nothing => {}
                 Step::Quit => break,
+                Step::Namespace(None) => println!("namespace {namespace}"),
+                Step::Namespace(Some(ns)) => {
+                    client = client.take().map(|c| c.with_namespace(ns.clone()));
+                    println!("namespace {ns} (was {namespace})");
+                    namespace = ns;
+                }
                 Step::Run(lo, cmd) => {
                     if client.is_none() {
                         let connected = Client::connect_tls(endpoint, tls)
@@ -275,6 +286,10 @@ mod tests {
         }
         assert!(matches!(parse_line("quit", false), Step::Quit));
         assert!(matches!(parse_line("exit", false), Step::Quit));
+        assert!(matches!(parse_line("namespace", false), Step::Namespace(None)));
+        assert!(
+            matches!(parse_line("ns team-a", false), Step::Namespace(Some(n)) if n == "team-a")
+        );
         assert!(matches!(parse_line("   ", false), Step::Nothing));
         assert!(matches!(parse_line("get 'unbalanced", false), Step::Nothing));
         assert!(matches!(parse_line("bench s1", false), Step::Nothing), "not a console command");

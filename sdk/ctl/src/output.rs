@@ -156,9 +156,20 @@ pub(crate) fn definition_out(o: &Opts, d: &Definition, created: Option<bool>) ->
         Some(false) => "unchanged (already registered)",
         None => "",
     };
-    format!("registry://jobs/{} version {} (queue {}) {what}", d.name, d.version, d.queue)
-        .trim_end()
-        .to_string()
+    let mut out =
+        format!("registry://jobs/{} version {} (queue {}) {what}", d.name, d.version, d.queue)
+            .trim_end()
+            .to_string();
+    let exec: Value = serde_json::from_str(&d.execution_json).unwrap_or_default();
+    let ty = exec.get("type").and_then(Value::as_str).unwrap_or_default();
+    if created.is_some() && !ty.is_empty() && !["command", "http"].contains(&ty) {
+        out.push_str(&format!(
+            "\n  execution.type {ty:?} has no executor in Kairos (`kairos worker` runs command and \
+             http): a worker of your own must poll queue {}",
+            d.queue
+        ));
+    }
+    out
 }
 
 /// A gRPC code as the HTTP API names it (`NOT_FOUND`).

@@ -100,6 +100,22 @@ impl Client {
         Ok((r.cron_job.unwrap_or_default(), r.occurrences_ms))
     }
 
+    /// Runs an ACTIVE job now, outside its schedule: one occurrence at this instant, under
+    /// `overlap` (empty = the job's policy); returns the job, the occurrence and its
+    /// execution's idempotency key. Not idempotent: each call is another run (send it once).
+    pub async fn trigger_cron_job(
+        &self,
+        id: &str,
+        overlap: &str,
+    ) -> Result<TriggerResponse, Error> {
+        let req = TriggerRequest {
+            namespace: self.namespace.clone(),
+            cron_job_id: id.to_string(),
+            overlap: overlap.to_string(),
+        };
+        self.call(self.timeout, self.crons().trigger(req)).await
+    }
+
     /// A page of a job's runs (the executions of its occurrences, oldest first).
     pub async fn cron_runs(
         &self,

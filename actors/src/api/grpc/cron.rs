@@ -278,6 +278,22 @@ impl CronService for Api {
         }))
     }
 
+    async fn trigger(&self, req: Request<TriggerRequest>) -> Reply<TriggerResponse> {
+        self.authorize(&req, &req.get_ref().namespace, Scope::Submit).await?;
+        let r = req.into_inner();
+        let overlap = (!r.overlap.is_empty()).then_some(r.overlap.as_str());
+        let (j, occurrence_ms) = self
+            .node
+            .trigger_cron_job(&or_default(&r.namespace), &r.cron_job_id, overlap)
+            .await
+            .map_err(fail)?;
+        Ok(Response::new(TriggerResponse {
+            idempotency_key: kairos_layer::cron::occurrence_key(&j.id, occurrence_ms),
+            cron_job: Some(cron_job(&j)),
+            occurrence_ms,
+        }))
+    }
+
     async fn runs(&self, req: Request<CronRunsRequest>) -> Reply<ListExecutionsResponse> {
         self.authorize(&req, &req.get_ref().namespace, Scope::Read).await?;
         let r = req.into_inner();

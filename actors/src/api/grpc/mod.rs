@@ -157,6 +157,17 @@ impl Api {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
+        self.serve_listener(listener, tls, shutdown)
+    }
+
+    /// Serves on a listener bound beforehand until `shutdown` completes (see
+    /// [`serve_with`](Self::serve_with)).
+    pub fn serve_listener(
+        self,
+        listener: tokio::net::TcpListener,
+        tls: Option<ServerTls>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let bound = listener.local_addr()?;
         let config = self.node.config();
         let admitted = conns::accept(listener, Gate::new("grpc", ConnLimits::of(config)));

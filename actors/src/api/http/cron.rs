@@ -8,6 +8,7 @@
 //! | `GET /cron-jobs/{id}` / `PATCH` / `DELETE` | get / change the given fields / delete (204) |
 //! | `POST /cron-jobs/{id}/pause`, `POST /cron-jobs/{id}/resume` (`{"catchUp": true}`) | pause / resume |
 //! | `POST /cron-jobs/{id}/backfill` (`{"from", "until", "overlap"}`) | backfill a past range |
+//! | `POST /cron-jobs/{id}/trigger` (`{"overlap"}`, optional) | run it now, outside its schedule |
 //! | `GET /cron-jobs/{id}/runs?limit=&cursor=` | the executions of its occurrences |
 //! | `GET /cron-preview?expression=&timezone=&from=&until=&dstGap=&dstFold=&limit=` | occurrences of an expression |
 
@@ -288,6 +289,30 @@ async fn backfill(
     )
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TriggerBody {
+    overlap: Option<String>,
+}
+
+async fn trigger(
+    State(node): State<Node>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    respond(
+        async {
+            let (ns, _) = authorized(&node, &headers, Scope::Submit).await?;
+            let b: TriggerBody = if body.is_empty() { TriggerBody::default() } else { parse(&body)? };
+            let (j, occurrence) = node.trigger_cron_job(&ns, &id, b.overlap.as_deref()).await?;
+            let key = kairos_layer::cron::occurrence_key(&j.id, occurrence);
+            Ok(json!({"cronJob": view(&j), "occurrence": rfc3339(occurrence), "idempotencyKey": key}))
+        }
+        .await,
+    )
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PageParams {
@@ -396,6 +421,7 @@ pub(super) fn routes() -> Router<Node> {
         .route("/cron-jobs/{id}/pause", post(pause))
         .route("/cron-jobs/{id}/resume", post(resume))
         .route("/cron-jobs/{id}/backfill", post(backfill))
+        .route("/cron-jobs/{id}/trigger", post(trigger))
         .route("/cron-jobs/{id}/runs", get(runs))
         .route("/cron-preview", get(preview))
 }

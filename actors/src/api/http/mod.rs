@@ -344,6 +344,25 @@ async fn healthz(State(node): State<Node>) -> Response {
     }
 }
 
+/// Readiness, for a load balancer or an orchestrator: `200 ready …` once the store takes
+/// writes and the node holds a shard lease (it fires and serves its share); `503 not-ready …`
+/// with the reason before that (just started, no lease yet) and while the store is unhealthy.
+/// `/healthz` is liveness: the process is up and says what it knows of its store.
+async fn readyz(State(node): State<Node>) -> Response {
+    let (id, shards) = (node.node_id().to_string(), node.owned_shards().len());
+    let why = match node.store_health() {
+        StoreHealth::Healthy if shards > 0 => {
+            return format!("ready node={id} shards={shards}\n").into_response();
+        }
+        StoreHealth::Healthy => "it holds no shard lease yet".to_string(),
+        StoreHealth::WritesRefused { reason } => format!("the store refuses writes: {reason}"),
+        StoreHealth::Unavailable { reason } => format!("the store cannot be reached: {reason}"),
+        StoreHealth::Failed { reason } => format!("the store failed: {reason}"),
+    };
+    let body = format!("not-ready node={id} shards={shards}: {why}\n");
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], body).into_response()
+}
+
 async fn not_found() -> Response {
     let body = errors::body(tonic::Code::NotFound, None, "no such route".into());
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
@@ -398,6 +417,7 @@ pub fn router(node: Node) -> Router {
         .merge(admin::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(HTTP_BODY_BYTES_MAX))
@@ -424,6 +444,17 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    serve_listener(listener, node, tls, shutdown)
+}
+
+/// Serves on a listener bound beforehand (`kairos serve` binds its ports before it starts the
+/// node, so a port in use stops it before it takes any lease) until `shutdown` completes.
+pub fn serve_listener(
+    listener: tokio::net::TcpListener,
+    node: Node,
+    tls: Option<ServerTls>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let bound = listener.local_addr()?;
     let limits = ConnLimits::of(node.config());
     let header_timeout = Duration::from_millis(node.config().http_header_timeout_ms);

@@ -195,8 +195,8 @@ impl Scheduler {
         .ok_or_else(|| Error::NotFound {
             what: "definition",
             id: format!(
-                "registry://jobs/{} version {}",
-                job.definition_name, job.definition_version
+                "registry://jobs/{} version {} in namespace {}",
+                job.definition_name, job.definition_version, job.namespace
             ),
         })
     }
@@ -464,6 +464,54 @@ impl Scheduler {
                 }
                 tx.set(&self.ks.cron_job(ns, id), &encode(&job))?;
                 Ok((job, occurrences.clone()))
+            })
+            .await
+    }
+
+    /// Runs the job now, outside its schedule ("trigger now", as `kubectl create job
+    /// --from=cronjob/…`): queues one occurrence at this instant, admitted under the overlap
+    /// policy `overlap` (default: the job's) like a backfill's. Its execution has the job's
+    /// definition and inputs (placeholders filled for this instant), and the idempotency key
+    /// of that occurrence; the schedule's own occurrences are unchanged. Only an ACTIVE job.
+    /// Returns the job and the occurrence.
+    pub async fn trigger_cron_job(
+        &self,
+        ns: &str,
+        id: &str,
+        overlap: Option<&str>,
+    ) -> Result<(CronJob, i64)> {
+        let now_ms = self.clock.now().as_millis();
+        if let Some(o) = overlap.filter(|o| !o.is_empty()) {
+            parse_named(&OverlapPolicy::ALL, o).map_err(|e| invalid("overlap", e))?;
+        }
+        self.db
+            .run(|tx| async move {
+                let mut job = require_job(&tx, self, ns, id).await?;
+                if job.status != CronStatus::Active as i32 {
+                    return Err(Error::FailedPrecondition(format!(
+                        "cron job {id} is {}: only an ACTIVE schedule can be triggered (resume it first)",
+                        CronStatus::try_from(job.status)
+                            .unwrap_or_default()
+                            .as_str_name()
+                            .trim_start_matches("CRON_STATUS_")
+                    )));
+                }
+                if job.queue.len() >= CRON_QUEUE_MAX {
+                    return Err(Error::FailedPrecondition(format!(
+                        "cron job {id} has {} occurrences waiting; at most {CRON_QUEUE_MAX} may",
+                        job.queue.len()
+                    )));
+                }
+                let policy = match overlap {
+                    Some(o) if !o.is_empty() => o.to_string(),
+                    _ => job.policies.clone().unwrap_or_default().overlap,
+                };
+                job.queue.push(CronQueued { occurrence_ms: now_ms, overlap: policy, backfill: true });
+                job.generation += 1;
+                job.updated_at_ms = now_ms;
+                self.set_cron_timer(&tx, &mut job, now_ms).await?;
+                tx.set(&self.ks.cron_job(ns, id), &encode(&job))?;
+                Ok((job, now_ms))
             })
             .await
     }

@@ -12,7 +12,7 @@ use kairos_proto::storage::v1::{CronJob, CronStatus, ExecutionStatus};
 use serde_json::Value;
 
 use super::spec;
-use crate::cron::plan::{Decision, ExecState, MissedOutcome, plan};
+use crate::cron::plan::{self, Decision, ExecState, MissedOutcome, Source, plan};
 use crate::cron::{Schedule, occurrence_key};
 use crate::limits::{CRON_RECOVER_AFTER_MS, EXECUTE_AT_PAST_MAX_MS};
 use crate::ops::Scheduler;
@@ -100,7 +100,9 @@ pub struct RoundReport {
     pub skipped_overlap: u64,
     /// Missed occurrences by outcome.
     pub missed: BTreeMap<&'static str, u64>,
-    /// How late each occurrence was materialized, relative to `due - lookahead` (ms).
+    /// How late each occurrence of the running timeline was materialized, relative to
+    /// `due - lookahead` (ms). Backfilled and caught-up (missed) occurrences are late by
+    /// design and left out: a backfill is not a scheduling delay.
     pub lateness_ms: Vec<i64>,
     /// The job was paused (pause-on-failure).
     pub paused: bool,
@@ -233,7 +235,7 @@ impl Scheduler {
             .collect();
         let round = spec::round_of(&job, now_ms, lookahead_ms, &states)?;
         let d: Decision = plan(&round, |t| spec::next_occurrence(&job, &schedule, t));
-        report.count(&d, now_ms, lookahead_ms);
+        report.count(&d, &round, now_ms, lookahead_ms);
         let seen = (job.generation, job.round);
         let Some(applied) =
             self.cron_apply(shard, epoch, ns, id, seen, &d, now_ms, r.retry_at).await?
@@ -346,7 +348,7 @@ struct Round<'a> {
 
 impl RoundReport {
     /// What a decision says, for the metrics.
-    fn count(&mut self, d: &Decision, now_ms: i64, lookahead_ms: i64) {
+    fn count(&mut self, d: &Decision, round: &plan::Round, now_ms: i64, lookahead_ms: i64) {
         self.skipped_overlap = d.skipped_overlap.len() as u64;
         for (_, outcome) in &d.missed {
             *self.missed.entry(outcome.name()).or_default() += 1;
@@ -354,9 +356,54 @@ impl RoundReport {
         if d.expired > 0 {
             *self.missed.entry(MissedOutcome::Expired.name()).or_default() += d.expired;
         }
-        self.lateness_ms =
-            d.materialize.iter().map(|m| (now_ms - (m.due_ms - lookahead_ms)).max(0)).collect();
+        let late_by_design = |o: i64| {
+            round.queue.iter().any(|q| q.occurrence_ms == o && q.source == Source::Backfill)
+                || d.missed.iter().any(|(m, _)| *m == o)
+        };
+        self.lateness_ms = d
+            .materialize
+            .iter()
+            .filter(|m| !late_by_design(m.occurrence_ms))
+            .map(|m| (now_ms - (m.due_ms - lookahead_ms)).max(0))
+            .collect();
         self.paused = d.pause.is_some();
         self.completed = d.completed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cron::plan::Queued;
+    use crate::cron::{OverlapPolicy, Policies};
+
+    /// A backfill of last week and the next regular occurrence in one round: only the regular
+    /// one counts as lateness (a backfill made the lateness alert fire every time).
+    #[test]
+    fn backfilled_occurrences_are_not_lateness() {
+        const HOUR: i64 = 3_600_000;
+        let now = 1_790_000_000_000 / HOUR * HOUR;
+        let round = plan::Round {
+            now_ms: now,
+            lookahead_ms: 5_000,
+            policies: Policies { overlap: OverlapPolicy::Allow, ..Policies::default() },
+            jitter_offset_ms: 0,
+            next_ms: Some(now + 5_000), // due exactly one lookahead from now: on time
+            end_ms: None,
+            remaining_runs: None,
+            queue: (1..=3)
+                .map(|d| Queued {
+                    occurrence_ms: now - d * 24 * HOUR,
+                    overlap: OverlapPolicy::Allow,
+                    source: Source::Backfill,
+                })
+                .collect(),
+            outstanding: Vec::new(),
+        };
+        let d = plan(&round, |t| Some(t + HOUR));
+        assert_eq!(d.materialize.len(), 4, "{d:?}");
+        let mut report = RoundReport::default();
+        report.count(&d, &round, now, 5_000);
+        assert_eq!(report.lateness_ms, [0], "the regular occurrence only, on time");
     }
 }

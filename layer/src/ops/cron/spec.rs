@@ -83,7 +83,12 @@ pub fn schedule_from(expr: &str, zone: &str, gap: &str, fold: &str) -> Result<Sc
             format!("is {} bytes, the limit is {CRON_EXPRESSION_BYTES_MAX}", expr.len()),
         ));
     }
-    let e = Expr::parse(expr).map_err(|e| invalid("expression", e.to_string()))?;
+    // "expression: is empty", not "expression: expression: is empty"; a field's error keeps
+    // its field ("expression: minute field: 61 is out of range 0-59").
+    let e = Expr::parse(expr).map_err(|e| match e.field {
+        "expression" => invalid("expression", e.reason),
+        _ => invalid("expression", e.to_string()),
+    })?;
     let tz = parse_zone(zone).map_err(|e| invalid("timezone", e))?;
     let gap = parse_named(&GapPolicy::ALL, gap).map_err(|e| invalid("dstGap", e))?;
     let fold = parse_named(&FoldPolicy::ALL, fold).map_err(|e| invalid("dstFold", e))?;
@@ -205,4 +210,19 @@ pub fn round_of(
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expression_error_names_the_field_once() {
+        let text = |expr: &str| schedule_from(expr, "UTC", "", "").unwrap_err().to_string();
+        let e = text("* * * *");
+        assert!(e.contains("expression: ") && !e.contains("expression: expression"), "{e}");
+        assert!(e.contains("4 fields"), "{e}");
+        let e = text("61 * * * *");
+        assert!(e.contains("expression: minute field: "), "{e}");
+    }
 }

@@ -118,6 +118,23 @@ pub enum Cron {
         /// The overlap policy for these runs.
         #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
         overlap: Option<String>,
+        /// How long to wait for the schedule to take them up before saying what was made
+        /// (0: say only what was queued).
+        #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = super::values::seconds)]
+        wait: std::time::Duration,
+    },
+    /// Runs a schedule now, outside its timetable (as `kubectl create job --from=cronjob/…`):
+    /// one occurrence at this instant, with the schedule's definition and inputs, under its
+    /// overlap policy (or --overlap). Its next runs stay as they were.
+    Trigger {
+        /// The schedule's id.
+        id: String,
+        /// The overlap policy for this run (`allow`: run even if the previous is still going).
+        #[arg(long, value_parser = ["allow", "skip", "buffer-one", "buffer-all", "cancel-previous"])]
+        overlap: Option<String>,
+        /// How long to wait for its execution before printing (0: print the occurrence only).
+        #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = super::values::seconds)]
+        wait: std::time::Duration,
     },
     /// A schedule's executions, oldest occurrence first, with the occurrence each one is for.
     Runs {

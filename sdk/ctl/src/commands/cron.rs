@@ -152,6 +152,137 @@ async fn runs(
     Ok(out)
 }
 
+/// What an overlap policy does with the occurrences of a backfill.
+fn backfill_rule(policy: &str) -> &'static str {
+    match policy {
+        "allow" => "each gets an execution at once",
+        "skip" => {
+            "an occurrence gets an execution only while the schedule has none unfinished; \
+             the others are skipped (skippedOverlapCount) — --overlap buffer-all runs them all, \
+             one after the other"
+        }
+        "buffer-one" | "buffer-all" => {
+            "they run one after the other, each once the one before ended"
+        }
+        "cancel-previous" => {
+            "only the last gets an execution; unfinished ones before it are cancelled"
+        }
+        _ => "see docs/cron.md (Backfill)",
+    }
+}
+
+/// `cron backfill`: queues the occurrences, then (for up to `wait`) follows the schedule until
+/// none of them waits, and says what was made and skipped, and why (the overlap policy).
+async fn backfill(
+    client: &Client,
+    o: &Opts,
+    id: &str,
+    (from, until): (i64, i64),
+    overlap: String,
+    wait: std::time::Duration,
+) -> Result<String, Failure> {
+    let (before, occ) = client.backfill_cron_job(id, from, until, &overlap).await?;
+    let policy = match overlap.as_str() {
+        "" => before.policies.clone().unwrap_or_default().overlap,
+        o => o.to_string(),
+    };
+    let policy = if policy.is_empty() { "skip".to_string() } else { policy };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut after = before.clone();
+    let waiting = |j: &CronJob| occ.iter().filter(|x| j.waiting_occurrences_ms.contains(x)).count();
+    // Settled: none waits, and each was made or skipped (an occurrence that had an execution
+    // already keeps it and is neither: then the wait runs out, and the counts still hold).
+    let settled = |j: &CronJob| {
+        let made = j.materialized_count.saturating_sub(before.materialized_count);
+        let skipped = j.skipped_overlap_count.saturating_sub(before.skipped_overlap_count);
+        waiting(j) == 0 && made + skipped >= occ.len() as u64
+    };
+    while !settled(&after) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        after = client.get_cron_job(id).await?;
+    }
+    let made = after.materialized_count.saturating_sub(before.materialized_count);
+    let skipped = after.skipped_overlap_count.saturating_sub(before.skipped_overlap_count);
+    let still = waiting(&after);
+    if o.json {
+        let list: Vec<String> = occ.iter().map(|x| time(*x)).collect();
+        return Ok(json!({"cronJob": job_json(&after), "occurrences": list, "overlap": policy,
+            "made": made, "skippedOverlap": skipped, "waiting": still})
+        .to_string());
+    }
+    let mut out = format!(
+        "{} occurrences queued for {id} under the overlap policy {policy}: {}",
+        occ.len(),
+        backfill_rule(&policy)
+    );
+    if !wait.is_zero() {
+        out.push_str(&format!(
+            "\n{made} executions made, {skipped} occurrences skipped for overlap"
+        ));
+        if still > 0 {
+            out.push_str(&format!(", {still} still waiting"));
+        }
+        out.push_str(&format!(" — `kairosctl cron runs {id}` lists them"));
+    }
+    Ok(out)
+}
+
+/// `cron trigger`: queues a run now, then (for up to `wait`) looks for its execution by the
+/// occurrence's idempotency key, and says what became of it.
+async fn trigger(
+    client: &Client,
+    o: &Opts,
+    id: &str,
+    overlap: String,
+    wait: std::time::Duration,
+) -> Result<String, Failure> {
+    let r = client.trigger_cron_job(id, &overlap).await?;
+    let (job, occurrence, key) =
+        (r.cron_job.unwrap_or_default(), r.occurrence_ms, r.idempotency_key);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut found = None;
+    let mut after = job.clone();
+    while !wait.is_zero() && found.is_none() && tokio::time::Instant::now() < deadline {
+        match client.get_by_idempotency_key(&key).await {
+            Ok((e, _)) => found = Some(e),
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                after = client.get_cron_job(id).await?;
+                if !after.waiting_occurrences_ms.contains(&occurrence)
+                    && after.skipped_overlap_count > job.skipped_overlap_count
+                {
+                    break; // skipped for overlap
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if o.json {
+        let mut v = json!({"cronJob": job_json(&after), "occurrence": time(occurrence)});
+        if let Some(e) = &found {
+            v["execution"] = execution_json(e);
+        }
+        return Ok(v.to_string());
+    }
+    let when = time(occurrence);
+    Ok(match found {
+        Some(e) => format!(
+            "{id} triggered: occurrence {when}, execution {} {}",
+            e.execution_id,
+            kairos_sdk::views::execution_status(e.status)
+        ),
+        None if after.skipped_overlap_count > job.skipped_overlap_count => format!(
+            "{id} triggered: occurrence {when} skipped — its previous run has not ended and the \
+             overlap policy skips (--overlap allow runs it anyway)"
+        ),
+        None if wait.is_zero() => format!("{id} triggered: occurrence {when} queued"),
+        None => format!(
+            "{id} triggered: occurrence {when} still waiting (the overlap policy holds it until \
+             the previous run ends) — `kairosctl cron runs {id}` lists it once made"
+        ),
+    })
+}
+
 /// Runs `kairosctl cron <subcommand> …`.
 pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, Failure> {
     match cmd {
@@ -201,14 +332,11 @@ pub(super) async fn run(client: &Client, o: &Opts, cmd: Cron) -> Result<String, 
             }
             Ok(table(&["UTC", "LOCAL"], occ.into_iter().map(|x| vec![x.utc, x.local]).collect()))
         }
-        Cron::Backfill { id, from, until, overlap } => {
-            let (j, occ) =
-                client.backfill_cron_job(&id, from, until, &overlap.unwrap_or_default()).await?;
-            if o.json {
-                let occ: Vec<String> = occ.iter().map(|x| time(*x)).collect();
-                return Ok(json!({"cronJob": job_json(&j), "occurrences": occ}).to_string());
-            }
-            Ok(format!("{} occurrences queued for {id}", occ.len()))
+        Cron::Backfill { id, from, until, overlap, wait } => {
+            backfill(client, o, &id, (from, until), overlap.unwrap_or_default(), wait).await
+        }
+        Cron::Trigger { id, overlap, wait } => {
+            trigger(client, o, &id, overlap.unwrap_or_default(), wait).await
         }
         Cron::Runs { id, limit, cursor } => {
             runs(client, o, &id, limit, cursor.unwrap_or_default()).await

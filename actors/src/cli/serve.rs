@@ -116,6 +116,33 @@ fn mark_store_created(config: &NodeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What is checked and set before the node starts: the TLS files (one that cannot be used is a
+/// configuration error), the descriptor limit raised and the connection limits fitted into it
+/// (before any listener), and the data directory made private (saying so loudly).
+fn before_start(
+    config: &mut NodeConfig,
+) -> anyhow::Result<(Option<ServerTls>, crate::server::conns::Budget)> {
+    let tls = match TlsFiles::from_config(config) {
+        Some(files) => Some(ServerTls::load(files)?),
+        None => None,
+    };
+    let budget = crate::server::conns::descriptor_budget(config);
+    if let Some(w) = &budget.warning {
+        eprintln!("{w}");
+    }
+    if config.backend == Backend::Embedded || config.data_dir.exists() {
+        let changed = super::files::private_data_dir(&config.data_dir)?;
+        if !changed.is_empty() {
+            eprintln!(
+                "kairos: WARNING: the data directory was readable by other users; made private \
+                 (it holds every namespace's data and the key hashes): {}",
+                changed.join(", ")
+            );
+        }
+    }
+    Ok((tls, budget))
+}
+
 /// `kairos dev` / `kairos serve`: the node and its listeners, until a signal (drained) or a
 /// failed store (stopped, exit 1).
 pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
@@ -125,25 +152,7 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
     // Kept to the end of `run`: flushes exported spans.
     let _telemetry = crate::server::telemetry::init(&config)?;
-    // Before anything starts: a TLS file that cannot be used is a configuration error.
-    let tls = match TlsFiles::from_config(&config) {
-        Some(files) => Some(ServerTls::load(files)?),
-        None => None,
-    };
-    // Before any listener: raise the descriptor limit and fit the connection limits into it.
-    let budget = crate::server::conns::descriptor_budget(&mut config);
-    if let Some(w) = &budget.warning {
-        eprintln!("{w}");
-    }
-    if config.backend == Backend::Embedded || config.data_dir.exists() {
-        let changed = super::files::private_data_dir(&config.data_dir)?;
-        if !changed.is_empty() {
-            eprintln!(
-                "kairos: WARNING: the data directory was readable by other users; made private                  (it holds every namespace's data and the key hashes): {}",
-                changed.join(", ")
-            );
-        }
-    }
+    let (tls, budget) = before_start(&mut config)?;
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     config.node_id = Some(node_id(&config, &rng)?);

@@ -379,6 +379,8 @@ fn raise_nofile() -> Option<u64> {
             lim.rlim_cur = lim.rlim_max;
         }
     }
+    // `rlim_t` is u64 on 64-bit Linux but not on every Unix.
+    #[allow(clippy::unnecessary_cast)]
     Some(lim.rlim_cur as u64)
 }
 

@@ -3,6 +3,7 @@
 //! hundred calls per second. And a listener admits at most its limits: the excess is closed at
 //! once, before anything is read; an idle connection, or one whose first bytes are late (gRPC:
 //! the HTTP/2 preface), is closed.
+#![allow(clippy::disallowed_methods)] // real sockets on the real timer
 
 use std::time::Duration;
 

@@ -31,6 +31,15 @@ pub const WORK_MESSAGE_BYTES_MAX: usize = 1024 * 1024;
 /// Most tasks one `Poll` reply carries (asked for more, it hands out this many): 64 tasks with
 /// 32 KiB inputs stay inside gRPC's default 4 MiB decode limit.
 pub const POLL_TASKS_MAX: usize = 64;
+/// Heartbeats, and results, one `Work` stream message or one `Report` call may carry: more is
+/// refused with INVALID_ARGUMENT naming the field before any is applied, so one message cannot
+/// hold the node's result batcher for long (100,000 heartbeats in one message took over 30 s).
+/// The SDK's worker sends at most `kairos_sdk::limits::MESSAGE_ITEMS_MAX` (the same number).
+pub const WORK_MESSAGE_ITEMS_MAX: usize = 1_000;
+/// Result and heartbeat messages of one `Work` stream being applied at once: the stream's next
+/// message is read only when one of them is done, so a worker cannot queue unbounded work on the
+/// node (HTTP/2 flow control then holds it back).
+pub const WORK_STREAM_IN_FLIGHT_MAX: usize = 8;
 /// Largest HTTP request body accepted.
 pub const HTTP_BODY_BYTES_MAX: usize = 256 * 1024;
 /// Longest error message sent (whatever a client sent, its error stays small enough for any

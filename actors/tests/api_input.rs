@@ -321,3 +321,50 @@ async fn the_trace_context_goes_from_submit_to_the_worker() {
     assert!(v.get("traceparent").is_none(), "{v}");
     node.stop().await;
 }
+
+/// `GET /healthz` through the router: its status and how long it took.
+#[allow(clippy::disallowed_methods)] // real time
+async fn healthz(node: &Node) -> (StatusCode, std::time::Duration) {
+    let t = std::time::Instant::now();
+    let req = Request::builder().uri("/healthz").body(Body::empty()).unwrap();
+    let resp = kairos_actors::api::http::router(node.clone()).oneshot(req).await.unwrap();
+    (resp.status(), t.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::disallowed_methods)] // real time: how long the refusals take
+async fn nesting_hidden_behind_a_quote_is_refused_fast_and_the_node_stays_responsive() {
+    // Issue 24: a quote inside a plain scalar (`a'b`) hid the brackets after it from the former
+    // pre-scan; one 240 KB definition took ~89 s of CPU, four of 120 KB pinned both cores
+    // ~35 s. Sent together here, while `/healthz` is asked.
+    let node = node().await;
+    let bomb = |kb: usize| {
+        let n = kb * 1_000 - 40;
+        format!("name: b\nversion: 1\nexecution: [a'b, {}", "[".repeat(n))
+    };
+    let t = std::time::Instant::now();
+    let mut sent = Vec::new();
+    for kb in [240, 120, 120, 120, 120] {
+        let (node, body) = (node.clone(), bomb(kb));
+        sent.push(tokio::spawn(async move {
+            let t = std::time::Instant::now();
+            let (s, v) = http(&node, "POST", "/definitions", &body).await;
+            (kb, s, v, t.elapsed())
+        }));
+    }
+    let (status, took) = healthz(&node).await;
+    assert_eq!(status, StatusCode::OK);
+    println!("/healthz answered in {took:?} while the definitions were refused");
+    for one in sent {
+        let (kb, s, v, took) = one.await.unwrap();
+        println!("{kb} KB `[a'b, [[[…` refused in {took:?}");
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(field(&v), "definition", "{v}");
+        assert!(message(&v).contains("over the limit of 64"), "{v}");
+    }
+    // Very generous (a shared 2-core machine): before, this took minutes of CPU.
+    let all = t.elapsed();
+    assert!(all < std::time::Duration::from_secs(20), "took {all:?}");
+    let (status, _) = healthz(&node).await;
+    assert_eq!(status, StatusCode::OK);
+}

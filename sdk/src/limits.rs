@@ -15,3 +15,7 @@ pub const RESULTS_PER_MESSAGE_MAX: usize = 256;
 /// Most executions (or cron jobs) one list page holds: the node's bound (`LIST_PAGE_MAX` in
 /// `kairos-layer`), which `kairosctl --limit` checks before asking.
 pub const LIST_PAGE_MAX: u32 = 1_000;
+/// Results, and heartbeats, sent in one `Work` stream message: the node refuses a message with
+/// more (`kairos_actors::limits::WORK_MESSAGE_ITEMS_MAX`, the same number), so more due at once
+/// go in several messages.
+pub const MESSAGE_ITEMS_MAX: usize = 1_000;

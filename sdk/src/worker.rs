@@ -1,9 +1,10 @@
 //! The worker: one `Work` stream per worker to its node. It opens the stream for its queue with
 //! as many credits as free slots; the node pushes tasks (never more than the credits it holds);
 //! the worker runs each with the handler registered for its definition, heartbeats running
-//! tasks before their lease runs out (all due heartbeats in one message), hands the handler a
-//! cancellation signal (a client asked to stop, or the lease was lost), and sends results —
-//! many per message, each with the credit it frees. Results are acknowledged on the stream; on
+//! tasks before their lease runs out (the due heartbeats together, up to [`MESSAGE_ITEMS_MAX`]
+//! per message), hands the handler a cancellation signal (a client asked to stop, or the lease
+//! was lost), and sends results — many per message (up to the same bound), each with the
+//! credit it frees. Results are acknowledged on the stream; on
 //! a broken stream the worker reconnects and sends the unacknowledged ones again (results are
 //! idempotent), while running tasks go on. `command` and `http` definitions run with the
 //! generic executors.
@@ -22,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::Error;
-use crate::limits::{RESULTS_MESSAGE_BYTES_MAX, RESULTS_PER_MESSAGE_MAX};
+use crate::limits::{MESSAGE_ITEMS_MAX, RESULTS_MESSAGE_BYTES_MAX, RESULTS_PER_MESSAGE_MAX};
 
 /// A claimed execution handed to a handler.
 #[derive(Debug, Clone)]
@@ -115,6 +116,19 @@ pub struct Worker {
     fallback: Option<Arc<dyn Handler>>,
 }
 
+/// `items` in messages' worth: at most [`MESSAGE_ITEMS_MAX`] each, none empty.
+fn chunks<T>(mut items: Vec<T>) -> Vec<Vec<T>> {
+    let mut out = Vec::new();
+    while items.len() > MESSAGE_ITEMS_MAX {
+        let rest = items.split_off(MESSAGE_ITEMS_MAX);
+        out.push(std::mem::replace(&mut items, rest));
+    }
+    if !items.is_empty() {
+        out.push(items);
+    }
+    out
+}
+
 /// How often the worker looks for heartbeats that are due.
 const HEARTBEAT_TICK: Duration = Duration::from_millis(100);
 /// How long a graceful shutdown waits for acknowledgements of the last results.
@@ -190,9 +204,16 @@ impl Worker {
                 credits: u32::try_from(credits).unwrap_or(u32::MAX),
                 lease_ms: this.lease_ms,
             };
-            // Unacknowledged results go again, chunked after the opening message.
-            let _ = out_tx.try_send(WorkRequest { open: Some(open), ..WorkRequest::default() });
-            for results in chunks(unacked.values().cloned().collect()) {
+            // The unacknowledged results again, chunked by count and bytes (the
+            // node refuses more than MESSAGE_ITEMS_MAX); the channel holds 1,024 messages.
+            let mut resend = result_chunks(unacked.values().cloned().collect()).into_iter();
+            let first = WorkRequest {
+                open: Some(open),
+                results: resend.next().unwrap_or_default(),
+                ..WorkRequest::default()
+            };
+            let _ = out_tx.try_send(first);
+            for results in resend {
                 let _ = out_tx.try_send(WorkRequest { results, ..WorkRequest::default() });
             }
             let stream = tokio_stream_of(out_rx);
@@ -244,7 +265,8 @@ impl Worker {
                     },
                     Some(first) = done_rx.recv() => {
                         let mut results = vec![first];
-                        while let Ok(r) = done_rx.try_recv() {
+                        while results.len() < MESSAGE_ITEMS_MAX {
+                            let Ok(r) = done_rx.try_recv() else { break };
                             results.push(r);
                         }
                         for r in &results {
@@ -252,7 +274,7 @@ impl Worker {
                             unacked.insert(r.execution_id.clone(), r.clone());
                         }
                         let mut failed = false;
-                        for results in chunks(results) {
+                        for results in result_chunks(results) {
                             let credits = if stopping { 0 } else { results.len() as u32 };
                             let m = WorkRequest { credits, results, ..WorkRequest::default() };
                             failed |= out_tx.send(m).await.is_err();
@@ -272,11 +294,13 @@ impl Worker {
                                 TaskRef { execution_id: id.clone(), fencing_token: r.token }
                             })
                             .collect();
-                        if !due.is_empty() {
-                            let m = WorkRequest { heartbeats: due, ..WorkRequest::default() };
-                            if out_tx.send(m).await.is_err() {
-                                break true;
-                            }
+                        let mut gone = false;
+                        for heartbeats in chunks(due) {
+                            let m = WorkRequest { heartbeats, ..WorkRequest::default() };
+                            gone |= out_tx.send(m).await.is_err();
+                        }
+                        if gone {
+                            break true;
                         }
                     }
                     r = shutdown.changed(), if !stopping => {
@@ -387,7 +411,7 @@ fn tokio_stream_of(
 
 /// Results split into messages of at most [`RESULTS_PER_MESSAGE_MAX`] results and
 /// [`RESULTS_MESSAGE_BYTES_MAX`] bytes (a result alone may pass it), in order.
-fn chunks(results: Vec<TaskResult>) -> Vec<Vec<TaskResult>> {
+fn result_chunks(results: Vec<TaskResult>) -> Vec<Vec<TaskResult>> {
     let mut out: Vec<Vec<TaskResult>> = Vec::new();
     let mut bytes = 0;
     for r in results {
@@ -407,4 +431,20 @@ fn chunks(results: Vec<TaskResult>) -> Vec<Vec<TaskResult>> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_hold_at_most_a_messages_worth() {
+        let sizes = |n: usize| chunks((0..n).collect()).iter().map(Vec::len).collect::<Vec<_>>();
+        assert!(sizes(0).is_empty());
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(MESSAGE_ITEMS_MAX), [MESSAGE_ITEMS_MAX]);
+        assert_eq!(sizes(2 * MESSAGE_ITEMS_MAX + 1), [MESSAGE_ITEMS_MAX, MESSAGE_ITEMS_MAX, 1]);
+        let all: Vec<usize> = chunks((0..2_500).collect()).concat();
+        assert_eq!(all, (0..2_500).collect::<Vec<_>>(), "in order, none lost");
+    }
 }

@@ -106,24 +106,19 @@ fn open_embedded(
     Ok((Database::new(Arc::new(edb), clock, rng), doubt))
 }
 
-/// `kairos dev` / `kairos serve`: the node and its listeners, until a signal (drained) or a
-/// failed store (stopped, exit 1).
-pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
-    // Declared first, dropped last: stops FoundationDB's network thread when `run` ends,
-    // however it ends, after the node and the database (a no-op on the other backends).
-    #[cfg(feature = "fdb")]
-    let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
-    // Kept to the end of `run`: flushes exported spans.
-    let _telemetry = crate::server::telemetry::init(&config)?;
-    // Before anything starts: a TLS file that cannot be used is a configuration error.
-    let tls = match TlsFiles::from_config(&config) {
+/// What is checked and set before the node starts: the TLS files (one that cannot be used is a
+/// configuration error), the descriptor limit raised and the connection limits fitted into it
+/// (before any listener), and the data directory made private (saying so loudly).
+fn before_start(
+    config: &mut NodeConfig,
+) -> anyhow::Result<(Option<ServerTls>, crate::server::conns::Budget)> {
+    let tls = match TlsFiles::from_config(config) {
         Some(files) => Some(ServerTls::load(files)?),
         None => None,
     };
-    // Before any listener: raise the descriptor limit and fit the connection limits into it.
-    let budget = crate::server::conns::descriptor_budget(&mut config);
+    let budget = crate::server::conns::descriptor_budget(config);
     if let Some(w) = &budget.warning {
-        warn(&config, w);
+        warn(config, w);
     }
     if config.backend == Backend::Embedded || config.data_dir.exists() {
         let changed = super::files::private_data_dir(&config.data_dir)?;
@@ -133,9 +128,22 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
                  namespace's data and the key hashes): {}",
                 changed.join(", ")
             );
-            warn(&config, &text);
+            warn(config, &text);
         }
     }
+    Ok((tls, budget))
+}
+
+/// `kairos dev` / `kairos serve`: the node and its listeners, until a signal (drained) or a
+/// failed store (stopped, exit 1).
+pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
+    // Declared first, dropped last: stops FoundationDB's network thread when `run` ends,
+    // however it ends, after the node and the database (a no-op on the other backends).
+    #[cfg(feature = "fdb")]
+    let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
+    // Kept to the end of `run`: flushes exported spans.
+    let _telemetry = crate::server::telemetry::init(&config)?;
+    let (tls, budget) = before_start(&mut config)?;
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     if matches!(config.backend, Backend::Embedded) {

@@ -2,7 +2,8 @@
 //! per listener and `max_connections_per_peer` from one IP address — the excess is closed as
 //! soon as it is accepted, before any byte is read — and a connection idle (no byte either way)
 //! for `connection_idle_timeout_ms` is closed. The HTTP listener adds a header-read time-out
-//! ([`crate::api::http`]), the gRPC listener HTTP/2 keep-alive pings and a stream limit
+//! ([`crate::api::http`]), the gRPC listener a time-out on the HTTP/2 preface
+//! ([`ConnLimits::first_bytes`]), HTTP/2 keep-alive pings and a stream limit
 //! ([`crate::api::grpc`]). At start-up the node raises its soft descriptor limit to the hard one
 //! and fits the listeners' limits into it ([`descriptor_budget`]), so connections can never
 //! take the descriptors the store and the other listener need.
@@ -36,6 +37,11 @@ pub struct ConnLimits {
     pub per_peer: usize,
     /// A connection with no byte read or written for this long is closed.
     pub idle: Duration,
+    /// `(n, within)`: a connection that has not sent its first `n` bytes within `within` of
+    /// being accepted is closed (gRPC: the 24-byte HTTP/2 preface within the header time-out,
+    /// so connections that never finish opening cannot keep their places; `None`: no such
+    /// bound — HTTP/1.1 has its header-read time-out).
+    pub first_bytes: Option<(usize, Duration)>,
 }
 
 impl ConnLimits {
@@ -45,6 +51,7 @@ impl ConnLimits {
             max: config.max_connections,
             per_peer: config.max_connections_per_peer,
             idle: Duration::from_millis(config.connection_idle_timeout_ms),
+            first_bytes: None,
         }
     }
 }
@@ -105,13 +112,16 @@ impl Drop for Permit {
 }
 
 /// A connection admitted by a [`Gate`]: holds its place until dropped, and fails with
-/// `TimedOut` once nothing was read or written for the idle time-out.
+/// `TimedOut` once nothing was read or written for the idle time-out, or when its first bytes
+/// ([`ConnLimits::first_bytes`]) are late.
 #[derive(Debug)]
 pub struct Guarded<S> {
     inner: S,
     _permit: Permit,
     idle: Duration,
     last: Instant,
+    /// The first bytes still to read, and by when (`None` once they came).
+    opening: Option<(usize, Instant)>,
     timer: Pin<Box<Sleep>>,
 }
 
@@ -121,9 +131,23 @@ impl<S> Guarded<S> {
         &self.inner
     }
 
-    fn new(inner: S, permit: Permit, idle: Duration) -> Self {
+    fn new(inner: S, permit: Permit, limits: &ConnLimits) -> Self {
         let last = Instant::now();
-        Guarded { inner, _permit: permit, idle, last, timer: Box::pin(tokio::time::sleep(idle)) }
+        let opening = limits.first_bytes.map(|(n, within)| (n, last + within));
+        let first_due = opening.map_or(last + limits.idle, |(_, by)| by.min(last + limits.idle));
+        let timer = Box::pin(tokio::time::sleep_until(first_due));
+        Guarded { inner, _permit: permit, idle: limits.idle, last, opening, timer }
+    }
+
+    /// Counts `n` bytes read against the first bytes still awaited.
+    fn read(&mut self, n: usize) {
+        self.last = Instant::now();
+        if let Some((left, _)) = &mut self.opening {
+            *left = left.saturating_sub(n);
+            if *left == 0 {
+                self.opening = None;
+            }
+        }
     }
 
     /// Pending until the connection has been idle for the time-out (the timer re-arms itself
@@ -133,11 +157,20 @@ impl<S> Guarded<S> {
             if self.timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
+            let now = Instant::now();
+            if let Some((left, by)) = self.opening
+                && by <= now
+            {
+                let msg =
+                    format!("the connection's first bytes did not arrive in time ({left} missing)");
+                return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, msg));
+            }
             let due = self.last + self.idle;
-            if due <= Instant::now() {
+            if due <= now {
                 let msg = format!("no byte read or written for {:?}", self.idle);
                 return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, msg));
             }
+            let due = self.opening.map_or(due, |(_, by)| by.min(due));
             self.timer.as_mut().reset(due);
         }
     }
@@ -153,8 +186,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if buf.filled().len() > before {
-                    this.last = Instant::now();
+                let n = buf.filled().len() - before;
+                if n > 0 {
+                    this.read(n);
                 }
                 Poll::Ready(r)
             }
@@ -247,7 +281,7 @@ pub fn accept(
                     if let Err(e) = tcp.set_nodelay(true) {
                         tracing::warn!(error = %e, "cannot set TCP_NODELAY");
                     }
-                    let io = Guarded::new(tcp, permit, gate.limits.idle);
+                    let io = Guarded::new(tcp, permit, &gate.limits);
                     if tx.send((io, peer)).await.is_err() {
                         return;
                     }
@@ -379,6 +413,8 @@ fn raise_nofile() -> Option<u64> {
             lim.rlim_cur = lim.rlim_max;
         }
     }
+    // `rlim_t` is u64 on 64-bit Linux but not on every Unix.
+    #[allow(clippy::unnecessary_cast)]
     Some(lim.rlim_cur as u64)
 }
 
@@ -393,7 +429,8 @@ mod tests {
 
     #[test]
     fn a_gate_counts_per_listener_and_per_peer() {
-        let limits = ConnLimits { max: 3, per_peer: 2, idle: Duration::from_secs(1) };
+        let limits =
+            ConnLimits { max: 3, per_peer: 2, idle: Duration::from_secs(1), first_bytes: None };
         let gate = Gate::new("test", limits);
         let (a, b): (IpAddr, IpAddr) = ("127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap());
         let a1 = gate.admit(a).unwrap();

@@ -10,48 +10,48 @@
 
 use std::mem::MaybeUninit;
 
-use unsafe_libyaml as sys;
-
 /// How deeply `text` (YAML) nests collections, counted until it goes over `limit`: `Ok(())`
 /// within it, `Err(depth)` at the first collection past it. A syntax error ends the count with
 /// `Ok(())`: the real parse reports it with its position.
 pub(crate) fn within(text: &str, limit: usize) -> Result<(), usize> {
     // Boxed: the parser keeps pointers into itself once initialized, so it must not move.
-    let mut parser = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+    let mut parser = Box::new(MaybeUninit::<unsafe_libyaml::yaml_parser_t>::uninit());
     let p = parser.as_mut_ptr();
     // SAFETY: `p` points to memory that stays in place (boxed) until `yaml_parser_delete`;
     // `text` outlives the parser; each event is deleted after its type is read, and nothing
     // of an event is kept. This is how serde_yaml_ng drives the same functions.
     unsafe {
-        if sys::yaml_parser_initialize(p).fail {
+        if unsafe_libyaml::yaml_parser_initialize(p).fail {
             return Ok(());
         }
-        sys::yaml_parser_set_encoding(p, sys::YAML_UTF8_ENCODING);
-        sys::yaml_parser_set_input_string(p, text.as_ptr(), text.len() as _);
+        unsafe_libyaml::yaml_parser_set_encoding(p, unsafe_libyaml::YAML_UTF8_ENCODING);
+        unsafe_libyaml::yaml_parser_set_input_string(p, text.as_ptr(), text.len() as _);
         let mut depth = 0usize;
         let outcome = loop {
-            let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+            let mut event = MaybeUninit::<unsafe_libyaml::yaml_event_t>::uninit();
             let e = event.as_mut_ptr();
-            if sys::yaml_parser_parse(p, e).fail {
+            if unsafe_libyaml::yaml_parser_parse(p, e).fail {
                 break Ok(());
             }
             let kind = (*e).type_;
-            sys::yaml_event_delete(e);
+            unsafe_libyaml::yaml_event_delete(e);
             match kind {
-                sys::YAML_SEQUENCE_START_EVENT | sys::YAML_MAPPING_START_EVENT => {
+                unsafe_libyaml::YAML_SEQUENCE_START_EVENT
+                | unsafe_libyaml::YAML_MAPPING_START_EVENT => {
                     depth += 1;
                     if depth > limit {
                         break Err(depth);
                     }
                 }
-                sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => {
+                unsafe_libyaml::YAML_SEQUENCE_END_EVENT
+                | unsafe_libyaml::YAML_MAPPING_END_EVENT => {
                     depth = depth.saturating_sub(1);
                 }
-                sys::YAML_STREAM_END_EVENT => break Ok(()),
+                unsafe_libyaml::YAML_STREAM_END_EVENT => break Ok(()),
                 _ => {}
             }
         };
-        sys::yaml_parser_delete(p);
+        unsafe_libyaml::yaml_parser_delete(p);
         outcome
     }
 }

@@ -97,6 +97,23 @@ impl std::fmt::Debug for Scheduler {
 /// counts; attempts stored when they end) cannot read format 1.
 const FORMAT_VERSION: u32 = 2;
 
+/// Refuses cluster parameters out of their ranges, naming the setting.
+fn check_params(params: &ClusterParams) -> Result<()> {
+    if params.shard_count == 0 || params.shard_count > crate::limits::SHARD_COUNT_MAX {
+        return Err(error::invalid(
+            "shard_count",
+            format!("must be between 1 and {}", crate::limits::SHARD_COUNT_MAX),
+        ));
+    }
+    if params.bucket_width_ms < 1_000 {
+        return Err(error::invalid("bucket_width_ms", "must be at least 1000"));
+    }
+    if params.ready_partitions == 0 || params.ready_partitions > params.shard_count {
+        return Err(error::invalid("ready_partitions", "must be between 1 and shard_count"));
+    }
+    Ok(())
+}
+
 impl Scheduler {
     /// Opens the cluster stored in `db` under `ks`, creating it with `params` if it does not
     /// exist. An existing cluster keeps the shard count and bucket width it was created with.
@@ -107,18 +124,7 @@ impl Scheduler {
         rng: Rng,
         params: ClusterParams,
     ) -> Result<Scheduler> {
-        if params.shard_count == 0 || params.shard_count > crate::limits::SHARD_COUNT_MAX {
-            return Err(error::invalid(
-                "shard_count",
-                format!("must be between 1 and {}", crate::limits::SHARD_COUNT_MAX),
-            ));
-        }
-        if params.bucket_width_ms < 1_000 {
-            return Err(error::invalid("bucket_width_ms", "must be at least 1000"));
-        }
-        if params.ready_partitions == 0 || params.ready_partitions > params.shard_count {
-            return Err(error::invalid("ready_partitions", "must be between 1 and shard_count"));
-        }
+        check_params(&params)?;
         let now_ms = clock.now().as_millis();
         let config = db
             .run(|tx| {

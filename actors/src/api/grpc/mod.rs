@@ -170,7 +170,10 @@ impl Api {
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let bound = listener.local_addr()?;
         let config = self.node.config();
-        let admitted = conns::accept(listener, Gate::new("grpc", ConnLimits::of(config)));
+        // A connection must send the HTTP/2 preface within the header time-out.
+        let preface = (HTTP2_PREFACE_BYTES, Duration::from_millis(config.http_header_timeout_ms));
+        let limits = ConnLimits { first_bytes: Some(preface), ..ConnLimits::of(config) };
+        let admitted = conns::accept(listener, Gate::new("grpc", limits));
         let router = tonic::transport::Server::builder()
             .max_concurrent_streams(config.grpc_max_concurrent_streams)
             .http2_keepalive_interval(Some(Duration::from_millis(config.grpc_keepalive_ms)))
@@ -202,6 +205,10 @@ impl Api {
         Ok((bound, task))
     }
 }
+
+/// The HTTP/2 connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`), a gRPC client's first
+/// bytes (under TLS the handshake's come first, bounded by its own time-out).
+const HTTP2_PREFACE_BYTES: usize = 24;
 
 /// The `traceparent` metadata of a call.
 fn traceparent_of<T>(req: &Request<T>) -> Option<String> {

@@ -10,6 +10,7 @@ use kairos_proto::v1::*;
 use tonic::Status;
 
 use super::{Api, status};
+use crate::limits::WORK_MESSAGE_ITEMS_MAX;
 use crate::server::auth::{Principal, Scope};
 
 /// Who reports: the worker's id (may be empty) and, on a worker stream, the queue it serves.
@@ -57,6 +58,18 @@ fn ack(id: String, r: Result<&storage::Execution, &Error>) -> ResultAck {
     }
 }
 
+/// Refuses `n` items of `field` (`results`, `heartbeats`) in one message when over
+/// [`WORK_MESSAGE_ITEMS_MAX`]; checked before any of them is applied.
+pub(super) fn within_message_limit(field: &str, n: usize) -> Result<(), Status> {
+    if n <= WORK_MESSAGE_ITEMS_MAX {
+        return Ok(());
+    }
+    let reason = format!(
+        "{n} in one message, over the limit of {WORK_MESSAGE_ITEMS_MAX}; send them in several messages"
+    );
+    Err(status(&invalid(field, reason)))
+}
+
 /// A lease as asked (0: the definition's).
 pub(super) fn lease_of(lease_ms: u64) -> Option<u64> {
     (lease_ms != 0).then_some(lease_ms)
@@ -72,6 +85,7 @@ impl Api {
         worker: Reporter<'_>,
         results: Vec<TaskResult>,
     ) -> Result<Vec<ResultAck>, Status> {
+        within_message_limit("results", results.len())?;
         let ids: Vec<String> = results.iter().map(|r| r.execution_id.clone()).collect();
         let items = results
             .into_iter()
@@ -93,6 +107,7 @@ impl Api {
         (worker, queue): Reporter<'_>,
         refs: Vec<TaskRef>,
     ) -> Result<Vec<HeartbeatAck>, Status> {
+        within_message_limit("heartbeats", refs.len())?;
         let now = self.node.scheduler().clock().now().as_millis();
         let beats: Vec<Beat> = refs
             .iter()

@@ -14,13 +14,13 @@ use std::time::Duration;
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::{self, error::invalid};
 use kairos_proto::v1::{Task, WorkOpen, WorkRequest, WorkResponse};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::codegen::tokio_stream;
 use tonic::{Request, Status, Streaming};
 
-use super::results::lease_of;
+use super::results::{lease_of, within_message_limit};
 use super::{Api, WorkStream, or_default, status};
-use crate::limits::WORK_MESSAGE_BYTES_MAX;
+use crate::limits::{WORK_MESSAGE_BYTES_MAX, WORK_STREAM_IN_FLIGHT_MAX};
 use crate::node::{Node, WorkerStream};
 use crate::server::auth::{CACHE_MS, Principal, Scope};
 
@@ -88,6 +88,8 @@ struct Conn {
     queue: String,
     id: u64,
     out: Out,
+    /// Result and heartbeat messages being applied ([`WORK_STREAM_IN_FLIGHT_MAX`] at most).
+    in_flight: Arc<Semaphore>,
 }
 
 impl Api {
@@ -128,6 +130,7 @@ impl Api {
             queue: open.queue,
             id,
             out,
+            in_flight: Arc::new(Semaphore::new(WORK_STREAM_IN_FLIGHT_MAX)),
         };
         tokio::spawn(conn.serve(inbound, first));
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(out_rx)))
@@ -263,13 +266,23 @@ impl Conn {
             let _ = self.out.send(Err(status(&e))).await;
             return false;
         }
+        // Over the limit: refused before anything of the message is applied, and the stream
+        // ends (a worker that sends such a message is not one of ours).
+        let sizes = within_message_limit("results", m.results.len())
+            .and_then(|()| within_message_limit("heartbeats", m.heartbeats.len()));
+        if let Err(s) = sizes {
+            let _ = self.out.send(Err(s)).await;
+            return false;
+        }
         if m.credits > 0 {
             self.api.node.stream_credits(self.id, m.credits as usize);
         }
         if !m.results.is_empty() {
             let (api, out, caller) = (self.api.clone(), self.out.clone(), self.caller.clone());
             let (ns, worker, queue) = (self.ns.clone(), self.worker.clone(), self.queue.clone());
+            let permit = self.permit().await;
             tokio::spawn(async move {
+                let _permit = permit;
                 let who = (worker.as_str(), Some(queue.as_str()));
                 let msg = match api.report(&caller, &ns, who, m.results).await {
                     Ok(acks) => Ok(WorkResponse { acks, ..WorkResponse::default() }),
@@ -283,7 +296,9 @@ impl Conn {
         if !m.heartbeats.is_empty() {
             let (api, out) = (self.api.clone(), self.out.clone());
             let (ns, worker, queue) = (self.ns.clone(), self.worker.clone(), self.queue.clone());
+            let permit = self.permit().await;
             tokio::spawn(async move {
+                let _permit = permit;
                 let who = (worker.as_str(), Some(queue.as_str()));
                 if let Ok(heartbeats) = api.heartbeats(&ns, who, m.heartbeats).await {
                     let _ =
@@ -292,5 +307,12 @@ impl Conn {
             });
         }
         true
+    }
+
+    /// A place among the stream's messages being applied: waits (and so stops reading the
+    /// stream) while [`WORK_STREAM_IN_FLIGHT_MAX`] are.
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        // The semaphore is never closed: `None` cannot happen, and would only lift the bound.
+        self.in_flight.clone().acquire_owned().await.ok()
     }
 }

@@ -162,8 +162,8 @@ async fn a_panic_inside_the_engine_fails_the_store_clearly_not_silently() {
 async fn embedded_point_reads_leave_the_runtime_thread_free() {
     let dir = tempfile::tempdir().unwrap();
     let clock: SharedClock = Arc::new(SystemClock::default());
-    let db = EmbeddedDatabase::open_database(&dir.path().join("kv.redb"), clock, Rng::seeded(5))
-        .unwrap();
+    let db =
+        EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(5)).unwrap();
     for i in 0..50 {
         put(&db, &format!("k{i}"), "v").await.unwrap();
     }

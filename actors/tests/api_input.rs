@@ -368,3 +368,27 @@ async fn nesting_hidden_behind_a_quote_is_refused_fast_and_the_node_stays_respon
     let (status, _) = healthz(&node).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// `GET /executions/{id}` pages the attempts: its limit and cursor are checked, naming them.
+#[tokio::test(start_paused = true)]
+async fn the_attempts_page_is_checked_naming_its_parameters() {
+    let node = node().await;
+    let (s, v) = http(&node, "POST", "/executions", SUBMIT).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["executionId"].as_str().unwrap().to_string();
+    for (query, want) in [
+        ("attemptsLimit=101", "attemptsLimit"),
+        ("attemptsLimit=0", "attemptsLimit"),
+        ("attemptsCursor=zz", "attemptsCursor"),
+    ] {
+        let (s, v) = http(&node, "GET", &format!("/executions/{id}?{query}"), "").await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{query}: {v}");
+        assert_eq!(field(&v), want, "{query}: {v}");
+    }
+    let (s, v) =
+        http(&node, "GET", &format!("/executions/{id}?attemptsLimit=1&attemptsCursor=3"), "").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["attempts"], serde_json::json!([]), "{v}");
+    assert!(v.get("attemptsNextCursor").is_none(), "the last page: {v}");
+    node.stop().await;
+}

@@ -232,6 +232,20 @@ impl Rng {
     }
 }
 
+/// Runs blocking work (a read that may wait on the disk, a long computation) in place where
+/// the runtime can move its other tasks to another thread meanwhile ([`block_in_place`]: a
+/// multi-threaded runtime), inline otherwise (a one-thread runtime, as in the simulation, which
+/// stays deterministic).
+///
+/// [`block_in_place`]: tokio::task::block_in_place
+pub fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

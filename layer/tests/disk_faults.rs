@@ -1,5 +1,6 @@
 //! The embedded store and its disk: a full disk refuses writes with a clear error, keeps reads
-//! working, and resumes by itself when space returns; acknowledged data survives.
+//! working, and resumes by itself when space returns; acknowledged data survives; its point
+//! reads leave the runtime thread free.
 
 #![allow(clippy::disallowed_methods)] // a real file on a real disk, in real time
 
@@ -150,5 +151,33 @@ async fn a_panic_inside_the_engine_fails_the_store_clearly_not_silently() {
         assert_eq!(get(&db, &format!("k{i}")).await.unwrap().as_deref(), Some("v"), "k{i}");
     }
     assert_eq!(get(&db, "late").await.unwrap(), None);
+    db.close().await;
+}
+
+/// The embedded store's point reads run on the blocking pool, off the runtime's threads: on a
+/// one-thread runtime, another task runs while a read waits on the disk (a read inline on the
+/// runtime thread let nothing else run until it returned), and the reads of a batch issued
+/// together all answer, read-your-writes included.
+#[tokio::test(flavor = "current_thread")]
+async fn embedded_point_reads_leave_the_runtime_thread_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let db =
+        EmbeddedDatabase::open_database(dir.path().join("kv.redb"), clock, Rng::seeded(5)).unwrap();
+    for i in 0..50 {
+        put(&db, &format!("k{i}"), "v").await.unwrap();
+    }
+    let ran = Arc::new(AtomicBool::new(false));
+    let flag = ran.clone();
+    tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
+    assert_eq!(get(&db, "k0").await.unwrap().as_deref(), Some("v"));
+    assert!(ran.load(Ordering::SeqCst), "another task ran while the read waited");
+    let tx = db.begin().unwrap();
+    tx.set(b"k7", b"mine").unwrap();
+    let keys: Vec<Vec<u8>> = (0..50).map(|i| format!("k{i}").into_bytes()).collect();
+    let reads = keys.iter().map(|k| tx.get(k));
+    let got = futures_util::future::try_join_all(reads).await.unwrap();
+    assert!(got.iter().all(Option::is_some));
+    assert_eq!(got[7].as_deref(), Some(&b"mine"[..]), "read-your-writes");
     db.close().await;
 }

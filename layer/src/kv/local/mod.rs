@@ -95,19 +95,6 @@ pub(crate) trait LocalStore: Send + Sync + 'static {
     }
 }
 
-/// Runs a blocking range read in place where the runtime can move its other tasks to another
-/// thread meanwhile ([`block_in_place`]: a multi-threaded runtime), inline otherwise. (Point
-/// reads go to the blocking pool instead, so those of a batch run together.)
-///
-/// [`block_in_place`]: tokio::task::block_in_place
-fn in_place<T>(f: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
-
 /// A commit handed to the backend.
 pub(crate) struct CommitRequest {
     pub read_version: u64,
@@ -258,7 +245,7 @@ impl KvTransaction for LocalTransaction {
             self.fault().await?;
             let mut st = self.open()?;
             if self.store.reads_block() {
-                return in_place(|| self.get_range_locked(&mut st, range, snapshot));
+                return crate::env::in_place(|| self.get_range_locked(&mut st, range, snapshot));
             }
             self.get_range_locked(&mut st, range, snapshot)
         })

@@ -234,7 +234,9 @@ impl Scheduler {
             .map(|(o, st)| (o.execution_id.clone(), st.map_or(ExecState::Done, spec::exec_state)))
             .collect();
         let round = spec::round_of(&job, now_ms, lookahead_ms, &states)?;
-        let d: Decision = plan(&round, |t| spec::next_occurrence(&job, &schedule, t));
+        // Up to 100,000 occurrences scanned for a catch-up: off the runtime's other tasks.
+        let d: Decision =
+            crate::env::in_place(|| plan(&round, |t| spec::next_occurrence(&job, &schedule, t)));
         report.count(&d, &round, now_ms, lookahead_ms);
         let seen = (job.generation, job.round);
         let Some(applied) =

@@ -203,7 +203,7 @@ pub enum Api {
         limit: u32,
         /// The page after the one that printed this cursor.
         #[arg(long, value_name = "CURSOR", value_parser = cursor)]
-        cursor: Option<Vec<u8>>,
+        cursor: Option<values::Cursor>,
     },
     /// Job definitions: apply, get, list.
     #[command(subcommand)]
@@ -375,6 +375,21 @@ mod tests {
         assert!(text.contains("3600 seconds") && !text.contains("jitterMs"), "{text}");
         assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
         assert_eq!(kind(&["--version"]), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn a_cursor_is_one_value() {
+        let c = parse(&["list", "--cursor", "00ab"]).unwrap();
+        assert!(
+            matches!(c.command, Command::Api(Api::List { cursor: Some(c), .. }) if c == [0, 0xab])
+        );
+        let c = parse(&["cron", "runs", "x", "--cursor", "01"]).unwrap();
+        match c.command {
+            Command::Api(Api::Cron(cron)) => {
+                assert!(matches!(*cron, Cron::Runs { cursor: Some(c), .. } if c == [1]))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -183,10 +183,14 @@ async fn a_silent_worker_loses_its_lease_then_retries_then_fail() {
     wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
     let id = node.submit(submit_at(c.now(), 1)).await.unwrap().execution.id;
     let mut tokens = Vec::new();
-    // The worker claims and then goes silent: no heartbeat, no result.
+    // The worker claims, says it has the task (one heartbeat: the attempt reached it, so a
+    // lost lease counts; one it never heard of would be released uncounted), then goes
+    // silent: no heartbeat, no result.
     while tokens.len() < 3 {
         for claimed in node.poll(poll("silent", 1)).await.unwrap() {
-            tokens.push((claimed.attempt.fencing_token, c.now()));
+            let token = claimed.attempt.fencing_token;
+            node.heartbeat_one(NS, &id, token).await.unwrap();
+            tokens.push((token, c.now()));
         }
     }
     for _ in 0..600 {

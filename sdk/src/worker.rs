@@ -345,12 +345,14 @@ impl Worker {
         }
         for t in m.tasks {
             let (cancel_tx, cancel_rx) = watch::channel(false);
-            let third = Duration::from_millis(t.lease_remaining_ms / 3);
             running.insert(
                 t.execution_id.clone(),
                 Running {
                     token: t.fencing_token,
-                    next_beat: Instant::now() + third.max(HEARTBEAT_TICK),
+                    // The first heartbeat at the next tick: it tells the node the task reached
+                    // this worker (until then a lost lease is released uncounted, as if the
+                    // hand-over had failed). A task done within the tick sends its result instead.
+                    next_beat: Instant::now() + HEARTBEAT_TICK,
                     lease_ms: t.lease_ms.max(1_000),
                     cancel: cancel_tx,
                 },

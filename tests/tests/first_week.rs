@@ -117,6 +117,23 @@ fn a_first_week_with_the_command_line() {
         assert_eq!(cli, api, "{args:?} against GET {path}");
     }
 
+    // `list` pages by cursor, takes the definition's URI, and refuses a limit of 0.
+    let r = ctl(&["list", "--limit", "0"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let page = |cursor: Option<&str>| {
+        let mut args =
+            vec!["--json", "list", "--definition", "registry://jobs/echo", "--limit", "1"];
+        args.extend(cursor.map(|c| ["--cursor", c]).into_iter().flatten());
+        let r = ctl(&args);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        serde_json::from_str::<serde_json::Value>(r.stdout.trim()).unwrap()
+    };
+    let first = page(None);
+    assert_eq!(first["executions"].as_array().unwrap().len(), 1, "{first}");
+    let second = page(first["nextCursor"].as_str());
+    assert_eq!(second["executions"].as_array().unwrap().len(), 1, "{second}");
+    assert_ne!(first["executions"][0]["executionId"], second["executions"][0]["executionId"]);
+
     // The console switches namespace.
     let r =
         ctl_with(&["--endpoint", &grpc, "console"], Some("namespace\nns team-b\nget nope\nquit\n"));

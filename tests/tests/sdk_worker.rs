@@ -113,7 +113,8 @@ async fn cancellation_reaches_the_handler() {
 async fn a_stale_attempt_is_fenced_out() {
     let (_node, client, addr) = node_and_client().await;
     let id = client.submit("registry://jobs/slow", 1).send().await.unwrap().execution_id;
-    // A worker that claims and dies at once: no heartbeat, no result.
+    // A worker that claims, says it has the task (one heartbeat: a lost lease then counts; an
+    // attempt its worker never heard of is released uncounted instead), and dies: no result.
     let mut raw = WorkerServiceClient::connect(format!("http://{addr}")).await.unwrap();
     let poll = PollRequest {
         namespace: "default".into(),
@@ -129,6 +130,13 @@ async fn a_stale_attempt_is_fenced_out() {
         }
     };
     let token = task.fencing_token;
+    let hb = HeartbeatRequest {
+        namespace: "default".into(),
+        execution_id: id.clone(),
+        fencing_token: token,
+        worker_id: "doomed".into(),
+    };
+    raw.heartbeat(hb.clone()).await.unwrap();
     // Its lease expires; the attempt times out and the execution moves on.
     loop {
         let (_, attempts) = client.get(&id).await.unwrap();
@@ -148,12 +156,6 @@ async fn a_stale_attempt_is_fenced_out() {
     let err = raw.complete(stale).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
     assert!(err.message().contains("fenced out"), "{err}");
-    let hb = HeartbeatRequest {
-        namespace: "default".into(),
-        execution_id: id.clone(),
-        fencing_token: token,
-        worker_id: "doomed".into(),
-    };
     assert_eq!(raw.heartbeat(hb).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
     let (e, _) = client.get(&id).await.unwrap();
     assert_ne!(e.status(), ExecutionStatus::Succeeded, "the stale result changed nothing");

@@ -208,6 +208,15 @@ impl Scheduler {
     /// [`LIST_SCAN_MAX`] index entries in one short transaction; when filters skip many rows it
     /// may come back short (even empty) with a cursor: pass it back to go on.
     pub async fn list(&self, q: &ListQuery) -> Result<ListPage> {
+        // The definition as every other call names it (`registry://jobs/NAME`), or its name.
+        let named;
+        let q = match q.definition.as_deref().and_then(|d| d.strip_prefix("registry://jobs/")) {
+            Some(name) => {
+                named = ListQuery { definition: Some(name.to_string()), ..q.clone() };
+                &named
+            }
+            None => q,
+        };
         let (tag, query_range, limit) = self.list_plan(q)?;
         let mut range = query_range.clone();
         if let Some(c) = &q.cursor {

@@ -18,6 +18,58 @@ pub const EXIT_CODES: &str = "Exit codes: 0 ok · 1 other error · 2 usage · 3 
 4 conflict (already exists, wrong state, fenced) · 5 invalid argument · 6 unavailable or timed out · \
 7 not allowed (no or bad API key, missing scope)";
 
+/// The connection flags, which may also follow the command (`kairosctl list --namespace a`).
+const CONNECTION_FLAGS: [&str; 7] = [
+    "--endpoint",
+    "--namespace",
+    "--api-key",
+    "--api-key-file",
+    "--ca-cert",
+    "--client-cert",
+    "--client-key",
+];
+
+/// Moves the connection flags written after the command in front of it, where clap reads them
+/// (`global` would hand their defaults to `bench`'s own `--endpoint`). `bench` keeps its own
+/// flags; after `--` nothing moves.
+pub fn hoist_connection_flags(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let flag_of = |a: &std::ffi::OsStr| {
+        let a = a.to_str()?;
+        CONNECTION_FLAGS.iter().find(|f| a == **f || a.starts_with(&format!("{f}="))).copied()
+    };
+    // The command: the first word that is neither a flag nor a connection flag's value.
+    let mut i = 1;
+    while i < args.len() {
+        match flag_of(&args[i]) {
+            Some(f) if args[i].len() == f.len() => i += 2,
+            _ if args[i].to_str().is_some_and(|a| a.starts_with('-')) => i += 1,
+            _ => break,
+        }
+    }
+    if i >= args.len() || args[i] == "bench" {
+        return args;
+    }
+    let (mut front, mut rest) = (args[..i].to_vec(), Vec::new());
+    let mut tail = args[i..].iter().cloned();
+    while let Some(a) = tail.next() {
+        if a == "--" {
+            rest.push(a);
+            rest.extend(tail.by_ref());
+            break;
+        }
+        match flag_of(&a) {
+            Some(f) if a.len() == f.len() => {
+                front.push(a);
+                front.extend(tail.next());
+            }
+            Some(_) => front.push(a),
+            None => rest.push(a),
+        }
+    }
+    front.extend(rest);
+    front
+}
+
 /// `kairosctl …`.
 #[derive(Debug, Parser)]
 #[command(
@@ -34,7 +86,6 @@ pub struct Cli {
     /// (plain http://). Like every flag here, it may come before or after the command.
     #[arg(
         long,
-        global = true,
         env = "KAIROS_ENDPOINT",
         hide_env_values = true,
         default_value = "http://127.0.0.1:7071",
@@ -46,7 +97,6 @@ pub struct Cli {
     /// The namespace.
     #[arg(
         long,
-        global = true,
         env = "KAIROS_NAMESPACE",
         hide_env_values = true,
         default_value = "default",
@@ -56,12 +106,11 @@ pub struct Cli {
     /// The API key (`kai_…`) sent with every call (nodes run by `kairos serve` require one).
     /// Prefer KAIROS_API_KEY or --api-key-file: a flag's value is visible to other users in
     /// `ps`.
-    #[arg(long, global = true, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
+    #[arg(long, env = "KAIROS_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
     /// A file holding the API key (its first line), e.g. the node's DATA_DIR/admin-key.
     #[arg(
         long,
-        global = true,
         env = "KAIROS_API_KEY_FILE",
         hide_env_values = true,
         value_name = "FILE",
@@ -172,7 +221,7 @@ pub enum Api {
         limit: u32,
         /// The page after the one that printed this cursor.
         #[arg(long, value_name = "CURSOR", value_parser = cursor)]
-        cursor: Option<Vec<u8>>,
+        cursor: Option<values::Cursor>,
     },
     /// Job definitions: apply, get, list.
     #[command(subcommand)]
@@ -347,7 +396,26 @@ mod tests {
     }
 
     #[test]
+    fn a_cursor_is_one_value() {
+        let c = parse(&["list", "--cursor", "00ab"]).unwrap();
+        assert!(
+            matches!(c.command, Command::Api(Api::List { cursor: Some(c), .. }) if c == [0, 0xab])
+        );
+        let c = parse(&["cron", "runs", "x", "--cursor", "01"]).unwrap();
+        match c.command {
+            Command::Api(Api::Cron(cron)) => {
+                assert!(matches!(*cron, Cron::Runs { cursor: Some(c), .. } if c == [1]))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn the_global_flags_may_follow_the_command() {
+        let parse = |args: &[&str]| {
+            let args = std::iter::once("kairosctl").chain(args.iter().copied()).map(Into::into);
+            Cli::try_parse_from(hoist_connection_flags(args.collect()))
+        };
         let c = parse(&[
             "list",
             "--endpoint",
@@ -364,7 +432,21 @@ mod tests {
         assert_eq!(c.api_key.as_deref(), Some("kai_x"));
         let c = parse(&["cron", "get", "x", "--namespace", "team-b"]).unwrap();
         assert_eq!(c.namespace, "team-b");
-        // `bench worker` has an --endpoint of its own, which still gets the value.
+        let c = parse(&["--json", "get", "X", "--api-key=kai_y", "--", "--namespace"]);
+        assert!(c.is_err(), "after -- nothing moves: --namespace is an argument of get");
+        let c = parse(&["get", "X", "--api-key=kai_y", "--ca-cert", "ca.pem"]).unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("kai_y"));
+        assert!(c.tls.ca_cert.is_some());
+        // `bench` has flags of its own: its --endpoint is its own, and the top-level one keeps
+        // its default (bench then spawns its own node).
+        let c = parse(&["bench", "s1", "--quick"]).unwrap();
+        match c.command {
+            Command::Bench(b) => match b.command {
+                crate::bench::args::Command::S1(a) => assert_eq!(a.endpoint, None),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
         let c = parse(&["bench", "worker", "--endpoint", "http://w:1", "--slots", "2"]).unwrap();
         match c.command {
             Command::Bench(crate::bench::args::Bench {

@@ -58,6 +58,7 @@ pub fn main() {
 
 /// Runs `kairosctl` with these arguments (the first is the program name); returns the exit code.
 pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
+    let args = args::hoist_connection_flags(args);
     let json = wants_json(&args[1.min(args.len())..]);
     let mut cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,

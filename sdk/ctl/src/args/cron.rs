@@ -145,7 +145,7 @@ pub enum Cron {
         limit: u32,
         /// The page after the one that printed this cursor.
         #[arg(long, value_name = "CURSOR", value_parser = cursor)]
-        cursor: Option<Vec<u8>>,
+        cursor: Option<super::values::Cursor>,
     },
 }
 

@@ -48,8 +48,13 @@ pub fn page_limit(v: &str) -> Result<u32, String> {
     }
 }
 
+/// A cursor's bytes. An alias, so that clap's derive takes `Option<Cursor>` for one optional
+/// value (it reads `Option<Vec<u8>>` as any number of `u8` values, and panicked at the first
+/// `--cursor`).
+pub type Cursor = Vec<u8>;
+
 /// A list cursor, as a page printed it.
-pub fn cursor(v: &str) -> Result<Vec<u8>, String> {
+pub fn cursor(v: &str) -> Result<Cursor, String> {
     kairos_sdk::views::parse_cursor(v)
         .filter(|c| !c.is_empty())
         .ok_or_else(|| "not a cursor printed by a list (hex)".to_string())

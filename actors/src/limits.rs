@@ -36,6 +36,9 @@ pub const POLL_TASKS_MAX: usize = 64;
 /// hold the node's result batcher for long (100,000 heartbeats in one message took over 30 s).
 /// The SDK's worker sends at most `kairos_sdk::limits::MESSAGE_ITEMS_MAX` (the same number).
 pub const WORK_MESSAGE_ITEMS_MAX: usize = 1_000;
+// One message's items fit one batch of the layer's (a unary `Report` is applied as one).
+const _: () = assert!(WORK_MESSAGE_ITEMS_MAX <= kairos_layer::limits::REPORT_BATCH_MAX);
+const _: () = assert!(WORK_MESSAGE_ITEMS_MAX <= kairos_layer::limits::HEARTBEAT_BATCH_MAX);
 /// Result and heartbeat messages of one `Work` stream being applied at once: the stream's next
 /// message is read only when one of them is done, so a worker cannot queue unbounded work on the
 /// node (HTTP/2 flow control then holds it back).

@@ -135,6 +135,11 @@ async fn a_message_with_too_many_heartbeats_is_refused_at_once() {
         }
     };
     assert_eq!(acks.len(), WORK_MESSAGE_ITEMS_MAX);
+    assert_eq!(
+        kairos_sdk::limits::MESSAGE_ITEMS_MAX,
+        WORK_MESSAGE_ITEMS_MAX,
+        "the SDK sends no more"
+    );
     assert_eq!((acks[0].code, acks[0].execution_id.as_str()), (0, task.execution_id.as_str()));
     assert!(acks[1..].iter().all(|a| a.code != 0), "made-up executions are not extended");
 

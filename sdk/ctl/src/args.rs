@@ -449,9 +449,10 @@ mod tests {
         }
         let c = parse(&["bench", "worker", "--endpoint", "http://w:1", "--slots", "2"]).unwrap();
         match c.command {
-            Command::Bench(crate::bench::args::Bench {
-                command: crate::bench::args::Command::Worker(w),
-            }) => assert_eq!(w.endpoint, "http://w:1"),
+            Command::Bench(b) => match b.command {
+                crate::bench::args::Command::Worker(w) => assert_eq!(w.endpoint, "http://w:1"),
+                other => panic!("{other:?}"),
+            },
             other => panic!("{other:?}"),
         }
     }

@@ -161,13 +161,7 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let listeners = bind(&config).await?;
     let node = Node::start(config, db.clone(), clock, rng).await?;
     if let Some(why) = doubt {
-        let text = format!(
-            "the store was not verified at start-up ({why}); /healthz says `unverified` until \
-             `kairos check --data-dir {}` verifies it with the node stopped",
-            display_dir(&data_dir)
-        );
-        warn(&say, &text);
-        node.note_store_unverified(why);
+        say_unverified(&say, &node, &data_dir, why);
     }
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let ((bound, http), (bound_grpc, grpc)) = serve(&node, &tls, listeners, shutdown_rx)?;
@@ -207,6 +201,17 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     drain.await;
     println!("kairos: stopped");
     Ok(())
+}
+
+/// A store not verified at start-up: warned about, and `/healthz` says so until it is.
+fn say_unverified(config: &NodeConfig, node: &Node, data_dir: &Path, why: String) {
+    let text = format!(
+        "the store was not verified at start-up ({why}); /healthz says `unverified` until \
+         `kairos check --data-dir {}` verifies it with the node stopped",
+        display_dir(data_dir)
+    );
+    warn(config, &text);
+    node.note_store_unverified(why);
 }
 
 /// Binds the HTTP and gRPC ports (before the node starts).

@@ -369,10 +369,6 @@ impl LocalStore for Store {
         self.0.published.load(Ordering::Acquire)
     }
 
-    fn reads_block(&self) -> bool {
-        true
-    }
-
     fn snapshot(&self) -> Result<Arc<dyn Snapshot>> {
         if self.0.closed.load(Ordering::Acquire) {
             return Err(Error::DatabaseClosed);

@@ -87,12 +87,6 @@ pub(crate) trait LocalStore: Send + Sync + 'static {
     fn read_fault(&self) -> Option<BoxFuture<'static, Result<()>>> {
         None
     }
-    /// Whether a snapshot read may block on I/O (embedded: a page not in the cache is read from
-    /// disk). Such reads run on the blocking pool, off the runtime threads, so the reads of a
-    /// batch issued together run together and a cache miss stalls no other task.
-    fn reads_block(&self) -> bool {
-        false
-    }
 }
 
 /// A commit handed to the backend.
@@ -219,20 +213,10 @@ impl KvTransaction for LocalTransaction {
         Box::pin(async move {
             check_key(key)?;
             self.fault().await?;
-            if !self.store.reads_block() {
-                let mut st = self.open()?;
-                return self.get_locked(&mut st, key, !snapshot);
-            }
-            if let Some(answer) = self.open()?.buf.local_get(key) {
-                return answer;
-            }
-            let (snap, k) = (self.snapshot.clone(), key.to_vec());
-            let stored = match tokio::task::spawn_blocking(move || snap.get(&k)).await {
-                Ok(r) => r?,
-                Err(e) => return Err(Error::Storage(format!("a read did not finish: {e}"))),
-            };
-            // Written meanwhile by this transaction: `finish_get` answers with that.
-            self.open()?.buf.finish_get(key, stored, !snapshot)
+            // Inline on the calling thread: redb's pages are mostly cached, and a hop to the
+            // blocking pool per read cost 3x the node's CPU in a burst (docs/benchmarks.md).
+            let mut st = self.open()?;
+            self.get_locked(&mut st, key, !snapshot)
         })
     }
 
@@ -244,9 +228,6 @@ impl KvTransaction for LocalTransaction {
         Box::pin(async move {
             self.fault().await?;
             let mut st = self.open()?;
-            if self.store.reads_block() {
-                return crate::env::in_place(|| self.get_range_locked(&mut st, range, snapshot));
-            }
             self.get_range_locked(&mut st, range, snapshot)
         })
     }

@@ -1,6 +1,6 @@
 //! Dispatch buffers in the dispatcher's core (queues served by worker streams, without a
-//! concurrency limit): the node claims a little ahead of demand — up to the streams' total
-//! slots — *unassigned* (no worker named yet), so a credit coming back with a result is
+//! concurrency limit): the node claims a little ahead of demand — 4 per slot of the streams,
+//! at most 2,048 — *unassigned* (no worker named yet), so a credit coming back with a result is
 //! answered with a task at once instead of after a claim transaction. A buffered attempt is
 //! named by its worker's first heartbeat or result; if the node dies holding it, its lease runs
 //! out and it is released uncounted (it never ran). Items older than half their lease are
@@ -14,7 +14,7 @@ use kairos_layer::ops::Error;
 use kairos_layer::ops::claim::{ClaimOutcome, ClaimSlot, Claimed};
 
 use super::state::{Action, Apply, BUFFER_AGE_CHECK, Timer, fresh};
-use crate::limits::DISPATCH_BUFFER_MAX;
+use crate::limits::{DISPATCH_BUFFER_MAX, DISPATCH_BUFFER_PER_SLOT};
 use crate::runtime::messages::QueueKey;
 
 impl Apply<'_> {
@@ -24,13 +24,13 @@ impl Apply<'_> {
         !self.ledger.is_limited(q) && self.core.streams.values().any(|s| &s.queue == q)
     }
 
-    /// How much `q`'s buffer aims to hold: the streams' slots, bounded. At least the credits
-    /// they hold (a stream's capacity never falls below them): a target of 0 with credits
-    /// waiting would have the queue never claimed.
+    /// How much `q`'s buffer aims to hold: [`DISPATCH_BUFFER_PER_SLOT`] per slot of its
+    /// streams, bounded. At least the credits they hold (a stream's capacity never falls below
+    /// them): a target of 0 with credits waiting would have the queue never claimed.
     fn buffer_target(&self, q: &QueueKey) -> usize {
         let slots: usize =
             self.core.streams.values().filter(|s| &s.queue == q).map(|s| s.capacity).sum();
-        slots.min(DISPATCH_BUFFER_MAX)
+        (slots * DISPATCH_BUFFER_PER_SLOT).min(DISPATCH_BUFFER_MAX)
     }
 
     /// Hands buffered executions to the waiting workers of `q` with credits.

@@ -154,7 +154,8 @@ fn a_stream_queue_is_served_through_a_buffer_claimed_ahead_unassigned() {
         .collect();
     assert_eq!(refill.len(), 1, "{a:?}");
     assert_eq!(refill[0][0].worker_id, "", "unassigned");
-    assert_eq!(refill[0].iter().map(|s| s.max).sum::<usize>(), 4, "up to the stream's slots");
+    let ahead = 4 * crate::limits::DISPATCH_BUFFER_PER_SLOT;
+    assert_eq!(refill[0].iter().map(|s| s.max).sum::<usize>(), ahead, "per slot of the stream");
     let got = vec![vec![claimed("e1", 30_000), claimed("e2", 30_000)]];
     let a = h.apply(Event::Buffered(q(), outcome(got, false)));
     let sent: Vec<_> = a

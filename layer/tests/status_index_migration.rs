@@ -169,6 +169,9 @@ async fn the_first_open_clears_the_old_entries_once_and_listing_stays_complete()
 
     let (db, sched) = open(&path, &clock).await;
     assert_eq!(sched.config().status_index, 1, "recorded, so it runs once");
+    let writes = db.write_counts().expect("the embedded store counts its writes");
+    assert_eq!(writes.clear_ranges, 3, "{writes:?}: (default, 1), (default, 4), (other, 1)");
+    assert_eq!((writes.sets, writes.clears, writes.transactions), (1, 0, 4), "{writes:?}");
     let after = indexed(&db, &ks).await;
     assert_eq!(after, vec![ExecutionStatus::Succeeded as i32; 2], "only ended states are indexed");
     let all = executions(&db, &ks).await;
@@ -190,6 +193,11 @@ async fn the_first_open_clears_the_old_entries_once_and_listing_stays_complete()
     );
     let report = check_records(&db, &ks, |_| {}).await.unwrap();
     assert!(report.is_clean(), "{:#?}", report.findings);
+    db.close().await;
+    drop((db, sched));
+    let (db, _sched) = open(&path, &clock).await;
+    let writes = db.write_counts().unwrap();
+    assert_eq!(writes.transactions, 0, "the next open writes nothing: {writes:?}");
     db.close().await;
 }
 

@@ -179,7 +179,7 @@ pub trait KvDatabase: Send + Sync + 'static {
     fn health(&self) -> StoreHealth {
         StoreHealth::Healthy
     }
-    /// The writes committed so far, where the backend counts them (memory).
+    /// The writes committed so far, where the backend counts them (memory, embedded).
     fn write_counts(&self) -> Option<WriteCounts> {
         None
     }
@@ -303,7 +303,7 @@ impl Database {
     }
 
     /// The writes committed so far, by kind and bytes, where the backend counts them
-    /// (memory); see [`KvDatabase::write_counts`].
+    /// (memory, embedded); see [`KvDatabase::write_counts`].
     pub fn write_counts(&self) -> Option<WriteCounts> {
         self.inner.write_counts()
     }

@@ -1,4 +1,5 @@
-//! The write budget of an execution's lifecycle (issue 21): what each phase commits — sets,
+//! The write budget of an execution's lifecycle (issue 21): what each phase (submit, fire,
+//! claim or fire with an offer, complete, retention's delete) commits — sets,
 //! clears, range clears, atomic adds and their bytes — counted by the memory store at commit,
 //! for one execution and for a batch of 1,000. The budgets below are the figures after issue
 //! 21's first step (SCHEDULED and RETRY_WAIT out of the status index): a change that writes
@@ -139,6 +140,7 @@ const SUBMIT: Budget = (5, 0, 0, 1, 580, 0);
 const FIRE: Budget = (2, 1, 0, 3, 345, 62);
 const CLAIM: Budget = (2, 1, 0, 2, 455, 72);
 const COMPLETE: Budget = (2, 1, 0, 2, 385, 62);
+const RETENTION: Budget = (0, 5, 1, 1, 0, 296);
 const FIRE_MATCHED: Budget = (2, 1, 0, 2, 445, 62);
 
 async fn ready_path(n: usize) {
@@ -158,6 +160,15 @@ async fn ready_path(n: usize) {
     within(&c, k, CLAIM, "claim");
     let c = measure(&w, k, "complete", complete(&w, &claimed)).await;
     within(&c, k, COMPLETE, "complete");
+    w.advance_ms(1);
+    let c = measure(&w, k, "retention", async {
+        let mut deleted = 0;
+        while deleted < k {
+            deleted += w.sched.sweep_terminal(NS, w.now_ms(), 500).await.unwrap().deleted;
+        }
+    })
+    .await;
+    within(&c, k, RETENTION, "retention");
     let all = counts(&w) - total;
     println!(
         "lifecycle: {all:?}, {:.1} point writes per execution",

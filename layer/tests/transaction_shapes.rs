@@ -243,11 +243,13 @@ async fn a_list_whose_filter_skips_everything_comes_back_in_bounded_pages() {
             .collect();
         sched.submit_batch(reqs.into_iter().map(Ok).collect()).await.unwrap();
     }
-    // Status SCHEDULED, a definition nobody uses: every index row is skipped.
+    // Status RUNNING, which has no status index entries: the time index is scanned and every
+    // row (all SCHEDULED) is skipped. (SCHEDULED has none either since issue 21, but with a
+    // definition named the definition's index is read, and "other" has no rows.)
     let mut q = ListQuery {
         namespace: NS.into(),
-        status: Some(ExecutionStatus::Scheduled),
-        definition: Some("other".into()),
+        status: Some(ExecutionStatus::Running),
+        definition: None,
         limit: 10,
         ..ListQuery::default()
     };

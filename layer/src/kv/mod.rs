@@ -26,6 +26,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 
 pub use error::{Error, Result, TxnError};
+pub use local::counts::WriteCounts;
 pub use run::{RunObserver, RunOptions};
 
 use crate::env::{BoxFuture, Rng, SharedClock};
@@ -178,6 +179,10 @@ pub trait KvDatabase: Send + Sync + 'static {
     fn health(&self) -> StoreHealth {
         StoreHealth::Healthy
     }
+    /// The writes committed so far, where the backend counts them (memory, embedded).
+    fn write_counts(&self) -> Option<WriteCounts> {
+        None
+    }
 }
 
 /// One transaction of a [`KvDatabase`].
@@ -295,6 +300,12 @@ impl Database {
     /// Whether the store can do its work now; see [`StoreHealth`].
     pub fn health(&self) -> StoreHealth {
         self.inner.health()
+    }
+
+    /// The writes committed so far, by kind and bytes, where the backend counts them
+    /// (memory, embedded); see [`KvDatabase::write_counts`].
+    pub fn write_counts(&self) -> Option<WriteCounts> {
+        self.inner.write_counts()
     }
 }
 

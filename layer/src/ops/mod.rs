@@ -4,7 +4,7 @@
 //!
 //! | operation | file |
 //! |---|---|
-//! | open / create the cluster | here |
+//! | open / create the cluster | here; changes to older stores: [`migrate`] |
 //! | `submit` | [`submit`] |
 //! | `get`, `attempts`, `list` | [`query`] |
 //! | `get_by_idempotency_key`, `quarantined` | [`query`] |
@@ -30,6 +30,7 @@ pub mod definitions;
 pub mod error;
 pub mod fire;
 pub mod leases;
+pub(crate) mod migrate;
 pub mod query;
 pub mod records;
 pub mod retention;
@@ -146,6 +147,7 @@ impl Scheduler {
                         format_version: FORMAT_VERSION,
                         ready_partitions: params.ready_partitions,
                         cursor_secret: secret(),
+                        status_index: migrate::STATUS_INDEX,
                     };
                     tx.set(&ks.cluster(), &encode(&config))?;
                     // Every shard starts with a watermark, so submits always clamp against one.
@@ -164,6 +166,7 @@ impl Scheduler {
                 config.format_version
             )));
         }
+        let config = migrate::status_index(&db, &ks, config, migrate::MIGRATION_CHUNK_ROWS).await?;
         let ks = ks.with_shards(config.shard_count);
         let mut token_key = [0u8; 32];
         token_key.copy_from_slice(&rng.secret(32));

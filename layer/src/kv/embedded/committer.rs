@@ -182,10 +182,11 @@ impl Committer {
         // commits in two phases, so a damaged primary is reported, never rolled back to the
         // previous commit). ADR 0009 measured the alternatives.
         w.set_quick_repair(true);
+        let resolved;
         {
             let mut table = w.open_table(DATA).map_err(storage)?;
             let mut meta = w.open_table(META).map_err(storage)?;
-            let resolved = self.resolve(batch, accepted);
+            resolved = self.resolve(batch, accepted);
             // The whole batch folded: one store write per distinct key, in key order.
             let folded: Vec<(&[Mutation], Versionstamp)> =
                 resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
@@ -198,6 +199,9 @@ impl Committer {
             return Ok(());
         }
         w.commit().map_err(storage)?;
+        for (m, _) in &resolved {
+            self.stats.writes.committed(m);
+        }
         Ok(())
     }
 

@@ -114,6 +114,8 @@ pub struct EmbeddedStats {
     pub transactions_rejected: AtomicU64,
     /// Engine commits, i.e. fsyncs.
     pub engine_commits: AtomicU64,
+    /// The committed transactions' writes, before the group commit folds them.
+    pub(crate) writes: crate::kv::local::counts::WriteCounter,
 }
 
 impl EmbeddedStats {
@@ -412,6 +414,10 @@ impl KvDatabase for EmbeddedDatabase {
 
     fn backend_name(&self) -> &'static str {
         "embedded"
+    }
+
+    fn write_counts(&self) -> Option<crate::kv::WriteCounts> {
+        Some(self.shared.stats.writes.snapshot())
     }
 
     fn health(&self) -> crate::kv::StoreHealth {

@@ -5,6 +5,7 @@
 //! conflicts inside one commit batch) and the watch registry.
 
 pub(crate) mod buffer;
+pub(crate) mod counts;
 pub(crate) mod mutation;
 pub(crate) mod resolver;
 pub(crate) mod watch;

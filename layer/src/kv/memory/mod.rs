@@ -14,6 +14,7 @@ pub use self::faults::FaultConfig;
 use self::faults::fires;
 use super::error::{Error, Result};
 use super::limits::TRANSACTION_AGE_MAX_MS;
+use super::local::counts::WriteCounter;
 use super::local::mutation::{ApplyTarget, apply, stamped_write_ranges};
 use super::local::resolver::Resolver;
 use super::local::watch::{WatchSender, Watches};
@@ -40,6 +41,7 @@ struct Shared {
     watches: Watches,
     active: ActiveReads,
     published: std::sync::atomic::AtomicU64,
+    writes: WriteCounter,
 }
 
 /// The in-memory backend. Clone it to share one store.
@@ -71,6 +73,7 @@ impl MemoryDatabase {
             watches: Watches::default(),
             active: ActiveReads::default(),
             published: std::sync::atomic::AtomicU64::new(0),
+            writes: WriteCounter::default(),
         });
         MemoryDatabase { store: Arc::new(Store(shared.clone())), shared }
     }
@@ -120,6 +123,7 @@ impl Shared {
             let mut target = MvccTarget { inner: &mut inner, version };
             apply(&mut target, &req.mutations, &stamp, collected)?
         };
+        self.writes.committed(&req.mutations);
         let floor = self.active.floor(version);
         inner.resolver.record(version, writes, self.clock.now(), floor);
         inner.gc(floor);
@@ -330,5 +334,9 @@ impl KvDatabase for MemoryDatabase {
             self.shared.write().closed = true;
             self.shared.watches.close();
         })
+    }
+
+    fn write_counts(&self) -> Option<crate::kv::WriteCounts> {
+        Some(self.shared.writes.snapshot())
     }
 }

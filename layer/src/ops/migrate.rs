@@ -1,0 +1,144 @@
+//! Changes to stores written by earlier builds, made once at open and recorded in the cluster
+//! config so they never run again (a clear is a write, on an LSM as much as a set).
+//!
+//! Status index 0 → 1 (issue 21): SCHEDULED and RETRY_WAIT executions no longer have status
+//! index entries (see [`super::records::is_indexed`]); the entries an earlier build wrote for
+//! them are cleared, per namespace and status, in transactions of at most
+//! [`MIGRATION_CHUNK_ROWS`] entries each (range clears: a few bytes of mutation, well within the
+//! transaction budget, and a bounded amount of engine work per commit).
+
+use kairos_proto::storage::v1::{ClusterConfig, ExecutionStatus};
+
+use super::error::{Error, Result};
+use super::records::{decode, encode};
+use crate::keys::{Keyspace, Tag};
+use crate::kv::limits::key_after;
+use crate::kv::{Database, RangeOption};
+
+/// The status index revision this binary writes.
+pub(crate) const STATUS_INDEX: u32 = 1;
+
+/// Status index entries one migration transaction clears, at most.
+pub(crate) const MIGRATION_CHUNK_ROWS: usize = 10_000;
+
+/// States whose status index entries revision 1 dropped.
+const UNINDEXED: [ExecutionStatus; 2] = [ExecutionStatus::Scheduled, ExecutionStatus::RetryWait];
+
+/// Brings the store's status index to [`STATUS_INDEX`] if it is older; returns the config as
+/// stored afterwards. Safe to run on several nodes at once, and to stop at any point: every step
+/// is idempotent and the config is updated last.
+pub(crate) async fn status_index(
+    db: &Database,
+    ks: &Keyspace,
+    config: ClusterConfig,
+    chunk: usize,
+) -> Result<ClusterConfig> {
+    if config.status_index >= STATUS_INDEX {
+        return Ok(config);
+    }
+    let mut begin = ks.subspace_range(Tag::ByStatus).begin;
+    while let Some(ns) = next_namespace(db, ks, &begin).await? {
+        for status in UNINDEXED {
+            clear_in_chunks(db, ks.by_status_range(&ns, status as i32, i64::MIN, i64::MAX), chunk)
+                .await?;
+        }
+        // Past every status of this namespace.
+        begin = ks.by_status_range(&ns, i32::MAX, i64::MIN, i64::MAX).end;
+    }
+    db.run(|tx| async move {
+        let v = tx.get(&ks.cluster()).await?.ok_or_else(|| Error::Corrupt("no cluster".into()))?;
+        let mut config = decode::<ClusterConfig>("cluster config", &v)?;
+        if config.status_index < STATUS_INDEX {
+            config.status_index = STATUS_INDEX;
+            tx.set(&ks.cluster(), &encode(&config))?;
+        }
+        Ok::<_, Error>(config)
+    })
+    .await
+}
+
+/// The namespace of the first status index entry at or after `begin`, if any.
+async fn next_namespace(db: &Database, ks: &Keyspace, begin: &[u8]) -> Result<Option<String>> {
+    let end = ks.subspace_range(Tag::ByStatus).end;
+    let mut begin = begin.to_vec();
+    loop {
+        let range = RangeOption::new(begin.clone(), end.clone()).limit(1);
+        let range = &range;
+        let rows = db.run(|tx| async move { tx.get_range(range, true).await }).await?;
+        let Some(kv) = rows.first() else { return Ok(None) };
+        match ks.parse_by_status(&kv.key) {
+            Ok((ns, ..)) => return Ok(Some(ns)),
+            // A key that names no namespace (damage `kairos check` reports): step past it.
+            Err(_) => begin = key_after(&kv.key),
+        }
+    }
+}
+
+/// Clears `range`, at most `chunk` keys per transaction; how many keys it cleared.
+async fn clear_in_chunks(db: &Database, range: RangeOption, chunk: usize) -> Result<u64> {
+    let mut cleared = 0;
+    loop {
+        let r = &range;
+        let n = db
+            .run(|tx| async move {
+                let rows = tx.get_range(&r.clone().limit(chunk), true).await?;
+                if let Some(last) = rows.last() {
+                    tx.clear_range(&r.begin, &key_after(&last.key))?;
+                }
+                Ok::<_, Error>(rows.len())
+            })
+            .await?;
+        cleared += n as u64;
+        if n < chunk {
+            return Ok(cleared);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::env::{ManualClock, Rng, SharedClock, Timestamp};
+    use crate::kv::memory::MemoryDatabase;
+
+    /// Entries of several namespaces and states, cleared in chunks smaller than a status's
+    /// entries: only the ended states' entries stay, and the config records it.
+    #[tokio::test]
+    async fn old_entries_go_in_chunks_and_ended_ones_stay() {
+        let clock: SharedClock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000)));
+        let db = MemoryDatabase::open(clock, Rng::seeded(5), Default::default());
+        let ks = Keyspace::new("t");
+        let (ks, db) = (&ks, &db);
+        db.run(|tx| async move {
+            tx.set(&ks.cluster(), &encode(&ClusterConfig::default()))?;
+            for ns in ["a", "b", "c"] {
+                for status in 1..=7 {
+                    for i in 0..9 {
+                        tx.set(&ks.by_status(ns, status, i, &format!("E{i}")), b"")?;
+                    }
+                }
+            }
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+        let config = status_index(db, ks, ClusterConfig::default(), 4).await.unwrap();
+        assert_eq!(config.status_index, STATUS_INDEX);
+        let all = &ks.subspace_range(Tag::ByStatus);
+        let rows = db.run(|tx| async move { tx.get_range(all, true).await }).await.unwrap();
+        let mut left: Vec<(String, i32)> = rows
+            .iter()
+            .map(|kv| ks.parse_by_status(&kv.key).unwrap())
+            .map(|t| (t.0, t.1))
+            .collect();
+        left.dedup();
+        let want: Vec<(String, i32)> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|ns| [2, 3, 5, 6, 7].map(|s| (ns.to_string(), s)))
+            .collect();
+        assert_eq!(left, want, "READY/RUNNING entries are not this migration's to clear");
+        assert_eq!(rows.len(), 3 * 5 * 9);
+    }
+}

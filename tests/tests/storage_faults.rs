@@ -402,7 +402,7 @@ fn a_full_file_system_refuses_writes_then_heals_without_a_restart() {
         )
         .unwrap()
     };
-    let big = "x".repeat(30_000); // a page of 1,000 lists them all
+    let big = "x".repeat(30_000);
     let mut first = None;
     let mut accepted = 0;
     let refused = loop {
@@ -436,10 +436,19 @@ fn a_full_file_system_refuses_writes_then_heals_without_a_restart() {
     assert_eq!(s, 201, "the first write after space returns goes through: {b}");
     let (s, b) = kairos_tests::http_request(node.http, "GET", "/healthz", &[], b"").unwrap();
     assert_eq!(s, 200, "{b}");
-    let (s, b) =
-        kairos_tests::http_request(node.http, "GET", "/executions?limit=1000", &[], b"").unwrap();
-    assert_eq!(s, 200);
-    let listed = json(&b)["executions"].as_array().unwrap().len();
+    // Every page (how many fit in 96 MiB depends on the store's bytes per execution).
+    let (mut listed, mut cursor) = (0, String::new());
+    loop {
+        let path = format!("/executions?limit=1000{cursor}");
+        let (s, b) = kairos_tests::http_request(node.http, "GET", &path, &[], b"").unwrap();
+        assert_eq!(s, 200, "{b}");
+        let page = json(&b);
+        listed += page["executions"].as_array().unwrap().len();
+        match page["nextCursor"].as_str() {
+            Some(c) if !c.is_empty() => cursor = format!("&cursor={c}"),
+            _ => break,
+        }
+    }
     assert_eq!(listed, accepted + 1, "every acknowledged execution is there");
     node.stop();
 }

@@ -201,8 +201,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The executions of `ids` that exist, read with a conflict: a concurrent replay or
-    /// report and this sweep never both commit.
+    /// The executions of `ids` that exist. Snapshot reads: the walk reads rows it keeps
+    /// (running ones among them), and a report or a replay of those must not fail the sweep;
+    /// the delete adds the conflict ([`Self::delete_execution`]).
     async fn sweep_load(
         &self,
         tx: &Transaction,
@@ -210,7 +211,8 @@ impl Scheduler {
         ids: impl Iterator<Item = String>,
     ) -> Result<Vec<Execution>> {
         let ids: Vec<String> = ids.collect();
-        let loads = ids.iter().map(|id| async move { tx.get(&self.ks.execution(ns, id)).await });
+        let loads =
+            ids.iter().map(|id| async move { tx.snapshot_get(&self.ks.execution(ns, id)).await });
         let found = futures_util::future::try_join_all(loads).await?;
         found.into_iter().flatten().map(|v| decode("execution", &v)).collect()
     }
@@ -228,9 +230,11 @@ impl Scheduler {
             .await
     }
 
-    /// Removes an execution and everything kept for it.
+    /// Removes an execution, as read, and everything kept for it. The record's read conflicts:
+    /// a concurrent replay and this delete never both commit.
     async fn delete_execution(&self, tx: &Transaction, e: &Execution) -> Result<()> {
         let (ks, ns, id) = (&self.ks, e.namespace.as_str(), e.id.as_str());
+        tx.add_read_conflict_key(&ks.execution(ns, id))?;
         tx.clear(&ks.execution(ns, id))?;
         let attempts = ks.attempts(ns, id);
         tx.clear_range(&attempts.begin, &attempts.end)?;

@@ -119,12 +119,13 @@ fn spawn_retention(node: std::sync::Weak<Inner>) {
         (inner.ctx.clock.clone(), Duration::from_millis(inner.ctx.config.retention_sweep_ms));
     drop(inner);
     tokio::spawn(async move {
+        let mut cursors = retention::Cursors::new();
         loop {
             clock.sleep(period).await;
             let Some(inner) = node.upgrade() else { return };
             let ctx = inner.ctx.clone();
             drop(inner); // a stopping node is not kept alive by its sweeper
-            retention::sweep(&ctx).await;
+            retention::sweep(&ctx, &mut cursors).await;
         }
     });
 }

@@ -1,6 +1,7 @@
-//! Issue 21, step 1: SCHEDULED and RETRY_WAIT executions have no status index entries. A store
-//! written before has them; its first open clears them (once), and listing by status, the
-//! counts and `kairos check` stay right.
+//! Issue 21, steps 1 and 5: SCHEDULED, RETRY_WAIT and SUCCEEDED executions have no status index
+//! entries. A store written before has them (all three at status index revision 0, SUCCEEDED
+//! ones at revision 1); its first open clears them (once), and listing by status, the counts
+//! and `kairos check` stay right.
 
 #![allow(clippy::disallowed_methods)] // a real file on a real disk
 
@@ -39,10 +40,19 @@ fn in_ns(ns: &str, at: i64) -> kairos_layer::ops::submit::SubmitRequest {
     kairos_layer::ops::submit::SubmitRequest { namespace: ns.into(), ..request(None, at) }
 }
 
-/// Makes a store as the build before issue 21 left it: executions SCHEDULED (two namespaces),
-/// RETRY_WAIT and SUCCEEDED, with status index entries for every state but READY and RUNNING,
-/// and a cluster config without the status index revision.
-async fn old_store(db: &Database, sched: &Scheduler, clock: &ManualClock) {
+/// The states whose entries a store at status index revision `level` still has.
+fn still_indexed(level: u32) -> &'static [ExecutionStatus] {
+    use ExecutionStatus::*;
+    match level {
+        0 => &[Scheduled, RetryWait, Succeeded],
+        _ => &[Succeeded],
+    }
+}
+
+/// Makes a store as a build of status index revision `level` left it: executions SCHEDULED
+/// (two namespaces), RETRY_WAIT, FAILED and SUCCEEDED, with status index entries for the
+/// states that revision indexed, and a cluster config saying `level`.
+async fn old_store(db: &Database, sched: &Scheduler, clock: &ManualClock, level: u32) {
     for ns in [NS, OTHER] {
         sched.register_definition(ns, report_definition(), "test").await.unwrap();
     }
@@ -63,13 +73,14 @@ async fn old_store(db: &Database, sched: &Scheduler, clock: &ManualClock) {
     for (i, c) in claimed.iter().enumerate() {
         let (id, token) = (&c.execution.id, c.attempt.fencing_token);
         let e = if i < 4 {
-            let err =
-                ExecutionError { message: "again".into(), retryable: true, code: String::new() };
+            let retryable = i < 3;
+            let err = ExecutionError { message: "again".into(), retryable, code: String::new() };
             sched.fail(NS, id, token, err).await.unwrap()
         } else {
             sched.complete(NS, id, token, b"{}".to_vec(), String::new()).await.unwrap()
         };
-        assert!(matches!(e.status(), ExecutionStatus::RetryWait | ExecutionStatus::Succeeded));
+        use ExecutionStatus::*;
+        assert!(matches!(e.status(), RetryWait | Failed | Succeeded), "{:?}", e.status());
     }
     // What the build before wrote and this one does not.
     let ks = sched.keyspace();
@@ -78,13 +89,13 @@ async fn old_store(db: &Database, sched: &Scheduler, clock: &ManualClock) {
         let waiting = waiting.clone();
         async move {
             for e in &waiting {
-                if matches!(e.status(), ExecutionStatus::Scheduled | ExecutionStatus::RetryWait) {
+                if still_indexed(level).contains(&e.status()) {
                     tx.set(&ks.by_status(&e.namespace, e.status, e.execute_at_ms, &e.id), b"")?;
                 }
             }
             let mut config =
                 ClusterConfig::decode(&tx.get(&ks.cluster()).await?.unwrap()[..]).unwrap();
-            config.status_index = 0;
+            config.status_index = level;
             tx.set(&ks.cluster(), &config.encode_to_vec())
         }
     })
@@ -149,17 +160,26 @@ fn ids_in(all: &[Execution], ns: &str, status: ExecutionStatus) -> BTreeSet<Stri
     all.iter().filter(|e| e.namespace == ns && e.status() == status).map(|e| e.id.clone()).collect()
 }
 
-#[tokio::test]
-async fn the_first_open_clears_the_old_entries_once_and_listing_stays_complete() {
+/// The number of entries of `status` in `indexed`.
+fn of(indexed: &[i32], status: ExecutionStatus) -> usize {
+    indexed.iter().filter(|s| **s == status as i32).count()
+}
+
+/// Opens a store of revision `level` with this build: it clears the old entries (in
+/// `ranges` range clears) once, and listing, the counts and the check agree before and after.
+async fn migrates_from(level: u32, ranges: u64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.redb");
     let clock = ManualClock::new(Timestamp::from_millis(T0));
     let (db, sched) = open(&path, &clock).await;
-    old_store(&db, &sched, &clock).await;
+    old_store(&db, &sched, &clock, level).await;
     let ks = sched.keyspace().clone();
     let before = indexed(&db, &ks).await;
-    assert_eq!(before.iter().filter(|s| **s == ExecutionStatus::Scheduled as i32).count(), 150);
-    assert_eq!(before.iter().filter(|s| **s == ExecutionStatus::RetryWait as i32).count(), 4);
+    let scheduled = if level == 0 { 150 } else { 0 };
+    assert_eq!(of(&before, ExecutionStatus::Scheduled), scheduled);
+    assert_eq!(of(&before, ExecutionStatus::RetryWait), if level == 0 { 3 } else { 0 });
+    assert_eq!(of(&before, ExecutionStatus::Succeeded), 2);
+    assert_eq!(of(&before, ExecutionStatus::Failed), 1);
     let old = check_records(&db, &ks, |_| {}).await.unwrap();
     assert!(old.is_clean(), "an old store's entries are not damage: {:#?}", old.findings);
     let counts =
@@ -168,18 +188,20 @@ async fn the_first_open_clears_the_old_entries_once_and_listing_stays_complete()
     drop((db, sched));
 
     let (db, sched) = open(&path, &clock).await;
-    assert_eq!(sched.config().status_index, 1, "recorded, so it runs once");
+    assert_eq!(sched.config().status_index, 2, "recorded, so it runs once");
     let writes = db.write_counts().expect("the embedded store counts its writes");
-    assert_eq!(writes.clear_ranges, 3, "{writes:?}: (default, 1), (default, 4), (other, 1)");
-    assert_eq!((writes.sets, writes.clears, writes.transactions), (1, 0, 4), "{writes:?}");
+    assert_eq!(writes.clear_ranges, ranges, "{writes:?}");
+    assert_eq!((writes.sets, writes.clears), (1, 0), "{writes:?}");
+    assert_eq!(writes.transactions, ranges + 1, "a chunk per range, the config: {writes:?}");
     let after = indexed(&db, &ks).await;
-    assert_eq!(after, vec![ExecutionStatus::Succeeded as i32; 2], "only ended states are indexed");
+    assert_eq!(after, vec![ExecutionStatus::Failed as i32], "only FAILED/CANCELLED are indexed");
     let all = executions(&db, &ks).await;
     for (ns, status) in [
         (NS, ExecutionStatus::Scheduled),
         (OTHER, ExecutionStatus::Scheduled),
         (NS, ExecutionStatus::RetryWait),
         (NS, ExecutionStatus::Succeeded),
+        (NS, ExecutionStatus::Failed),
     ] {
         let want = ids_in(&all, ns, status);
         assert!(!want.is_empty());
@@ -201,17 +223,31 @@ async fn the_first_open_clears_the_old_entries_once_and_listing_stays_complete()
     db.close().await;
 }
 
+/// A store of a build before issue 21: SCHEDULED, RETRY_WAIT and SUCCEEDED entries go, in
+/// (default, 1), (default, 4), (default, 5) and (other, 1).
+#[tokio::test]
+async fn the_first_open_clears_the_old_entries_once_and_listing_stays_complete() {
+    migrates_from(0, 4).await;
+}
+
+/// A store migrated by step 1 (revision 1): its SUCCEEDED entries go, in one range clear, and
+/// nothing else is read.
+#[tokio::test]
+async fn a_store_of_step_one_loses_its_succeeded_entries_once() {
+    migrates_from(1, 1).await;
+}
+
 /// A store made by this build never runs the migration, and an open writes nothing for it.
 #[tokio::test]
 async fn a_new_store_is_never_migrated() {
     let w = world(7, FaultConfig::none()).await;
-    assert_eq!(w.sched.config().status_index, 1);
+    assert_eq!(w.sched.config().status_index, 2);
     w.sched.submit(request(None, T0 + 60_000)).await.unwrap();
     assert!(indexed(&w.db, &w.ks).await.is_empty(), "no entry for a SCHEDULED execution");
     let before = w.store.write_counts().unwrap();
     let clock: SharedClock = Arc::new(w.clock.clone());
     let again = Scheduler::open(w.db.clone(), w.ks.clone(), clock, Rng::seeded(3), w.params).await;
-    assert_eq!(again.unwrap().config().status_index, 1);
+    assert_eq!(again.unwrap().config().status_index, 2);
     let writes = w.store.write_counts().unwrap() - before;
     assert_eq!(writes.transactions, 0, "{writes:?}");
 }

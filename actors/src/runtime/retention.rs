@@ -3,6 +3,7 @@
 //! transactions with a pause between them, so it never holds up firing or claiming. One node
 //! sweeps: the owner of execution shard 0 (any node could; this one avoids duplicated work).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -15,8 +16,13 @@ use crate::runtime::context::Ctx;
 const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
 const DAY_MS: i64 = 86_400_000;
 
+/// Where each namespace's sweeps go on, kept from one round to the next so a round does not
+/// read again the rows an earlier one had to keep (see `kairos_layer::ops::retention`). Lost
+/// with the node or the sweeper: the next round then walks from the start.
+pub type Cursors = BTreeMap<String, SweepCursor>;
+
 /// One sweep of every namespace; returns what it deleted.
-pub async fn sweep(ctx: &Ctx) -> u64 {
+pub async fn sweep(ctx: &Ctx, cursors: &mut Cursors) -> u64 {
     if !ctx.routes.owned_shards().contains(&0) {
         return 0;
     }
@@ -29,7 +35,7 @@ pub async fn sweep(ctx: &Ctx) -> u64 {
     };
     let now = ctx.clock.now().as_millis();
     // One batch per namespace in turn (fair: a namespace with much to delete does not hold
-    // the others up), each going on from its cursor until it reaches the end of its index.
+    // the others up), each going on from its cursor until the round is over for it.
     let mut work: Vec<(String, i64, SweepCursor)> = namespaces
         .into_iter()
         .filter_map(|ns| {
@@ -38,7 +44,10 @@ pub async fn sweep(ctx: &Ctx) -> u64 {
             // 0: kept forever.
             (days != 0).then(|| (ns, now.saturating_sub(i64::from(days) * DAY_MS)))
         })
-        .map(|(ns, before)| (ns, before, SweepCursor::default()))
+        .map(|(ns, before)| {
+            let cursor = cursors.get(&ns).cloned().unwrap_or_default();
+            (ns, before, cursor)
+        })
         .collect();
     let mut deleted = 0;
     while !work.is_empty() {
@@ -50,9 +59,12 @@ pub async fn sweep(ctx: &Ctx) -> u64 {
                     ctx.metrics.retention_deleted.fetch_add(s.deleted, Ordering::Relaxed);
                     if s.more {
                         next.push((ns, before, s.cursor));
+                    } else {
+                        cursors.insert(ns, s.cursor);
                     }
                 }
                 Err(e) => {
+                    cursors.remove(&ns);
                     tracing::warn!(namespace = %ns, error = %e, "retention sweep failed; next round retries");
                 }
             }

@@ -528,10 +528,10 @@ async fn check_indexes(
     Ok(())
 }
 
-/// A status index entry of a state no longer indexed (SCHEDULED, RETRY_WAIT): left by a build
-/// before issue 21 that the migration at open has not cleared yet (`kairos check` runs on a
-/// stopped node) or by such a build still running on a shared store. Nothing reads it: not
-/// damage.
+/// A status index entry of a state no longer indexed (SCHEDULED, RETRY_WAIT, SUCCEEDED): left
+/// by a build before issue 21 that the migration at open has not cleared yet (`kairos check`
+/// runs on a stopped node) or by such a build still running on a shared store (its execution
+/// may be gone: retention no longer clears such entries). Nothing reads it: not damage.
 fn leftover_status_entry(ks: &Keyspace, key: &[u8]) -> bool {
     ks.parse_by_status(key).is_ok_and(|(_, status, _, _)| !super::records::is_indexed(status))
 }

@@ -6,6 +6,11 @@
 //! them are cleared, per namespace and status, in transactions of at most
 //! [`MIGRATION_CHUNK_ROWS`] entries each (range clears: a few bytes of mutation, well within the
 //! transaction budget, and a bounded amount of engine work per commit).
+//!
+//! Status index 1 → 2 (issue 21, step 5): SUCCEEDED executions no longer have entries either;
+//! a store at 0 or 1 has them cleared the same way (and a store at 0 its SCHEDULED and
+//! RETRY_WAIT ones too, in the same pass). Only the states a revision after the store's dropped
+//! are read, and a range is cleared only where it holds entries: no blind clears.
 
 use kairos_proto::storage::v1::{ClusterConfig, ExecutionStatus};
 
@@ -16,13 +21,17 @@ use crate::kv::limits::key_after;
 use crate::kv::{Database, RangeOption};
 
 /// The status index revision this binary writes.
-pub(crate) const STATUS_INDEX: u32 = 1;
+pub(crate) const STATUS_INDEX: u32 = 2;
 
 /// Status index entries one migration transaction clears, at most.
 pub(crate) const MIGRATION_CHUNK_ROWS: usize = 10_000;
 
-/// States whose status index entries revision 1 dropped.
-const UNINDEXED: [ExecutionStatus; 2] = [ExecutionStatus::Scheduled, ExecutionStatus::RetryWait];
+/// States whose status index entries a revision dropped, with that revision.
+const UNINDEXED: [(u32, ExecutionStatus); 3] = [
+    (1, ExecutionStatus::Scheduled),
+    (1, ExecutionStatus::RetryWait),
+    (2, ExecutionStatus::Succeeded),
+];
 
 /// Brings the store's status index to [`STATUS_INDEX`] if it is older; returns the config as
 /// stored afterwards. Safe to run on several nodes at once, and to stop at any point: every step
@@ -38,8 +47,9 @@ pub(crate) async fn status_index(
     }
     let mut begin = ks.subspace_range(Tag::ByStatus).begin;
     while let Some(ns) = next_namespace(db, ks, &begin).await? {
-        for status in UNINDEXED {
-            clear_in_chunks(db, ks.by_status_range(&ns, status as i32, i64::MIN, i64::MAX), chunk)
+        let dropped = UNINDEXED.iter().filter(|(rev, _)| *rev > config.status_index);
+        for (_, status) in dropped {
+            clear_in_chunks(db, ks.by_status_range(&ns, *status as i32, i64::MIN, i64::MAX), chunk)
                 .await?;
         }
         // Past every status of this namespace.
@@ -104,27 +114,32 @@ mod tests {
     use crate::kv::memory::MemoryDatabase;
 
     /// Entries of several namespaces and states, cleared in chunks smaller than a status's
-    /// entries: only the ended states' entries stay, and the config records it.
-    #[tokio::test]
-    async fn old_entries_go_in_chunks_and_ended_ones_stay() {
+    /// entries: only the states the store's revision still indexes lose none, and the config
+    /// records the new revision.
+    async fn migrate_from(level: u32) -> Vec<(String, i32)> {
         let clock: SharedClock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000)));
         let db = MemoryDatabase::open(clock, Rng::seeded(5), Default::default());
         let ks = Keyspace::new("t");
         let (ks, db) = (&ks, &db);
-        db.run(|tx| async move {
-            tx.set(&ks.cluster(), &encode(&ClusterConfig::default()))?;
-            for ns in ["a", "b", "c"] {
-                for status in 1..=7 {
-                    for i in 0..9 {
-                        tx.set(&ks.by_status(ns, status, i, &format!("E{i}")), b"")?;
+        let old = ClusterConfig { status_index: level, ..ClusterConfig::default() };
+        let stored = old.clone();
+        db.run(|tx| {
+            let stored = stored.clone();
+            async move {
+                tx.set(&ks.cluster(), &encode(&stored))?;
+                for ns in ["a", "b", "c"] {
+                    for status in 1..=7 {
+                        for i in 0..9 {
+                            tx.set(&ks.by_status(ns, status, i, &format!("E{i}")), b"")?;
+                        }
                     }
                 }
+                Ok::<_, Error>(())
             }
-            Ok::<_, Error>(())
         })
         .await
         .unwrap();
-        let config = status_index(db, ks, ClusterConfig::default(), 4).await.unwrap();
+        let config = status_index(db, ks, old, 4).await.unwrap();
         assert_eq!(config.status_index, STATUS_INDEX);
         let all = &ks.subspace_range(Tag::ByStatus);
         let rows = db.run(|tx| async move { tx.get_range(all, true).await }).await.unwrap();
@@ -133,12 +148,21 @@ mod tests {
             .map(|kv| ks.parse_by_status(&kv.key).unwrap())
             .map(|t| (t.0, t.1))
             .collect();
+        assert_eq!(rows.len() % 9, 0);
         left.dedup();
-        let want: Vec<(String, i32)> = ["a", "b", "c"]
-            .iter()
-            .flat_map(|ns| [2, 3, 5, 6, 7].map(|s| (ns.to_string(), s)))
-            .collect();
-        assert_eq!(left, want, "READY/RUNNING entries are not this migration's to clear");
-        assert_eq!(rows.len(), 3 * 5 * 9);
+        left
+    }
+
+    fn in_each(states: &[i32]) -> Vec<(String, i32)> {
+        ["a", "b", "c"].iter().flat_map(|ns| states.iter().map(|s| (ns.to_string(), *s))).collect()
+    }
+
+    #[tokio::test]
+    async fn old_entries_go_in_chunks_and_failed_and_cancelled_ones_stay() {
+        // From 0: SCHEDULED (1), RETRY_WAIT (4) and SUCCEEDED (5) go.
+        let left = migrate_from(0).await;
+        assert_eq!(left, in_each(&[2, 3, 6, 7]), "READY/RUNNING entries are not its to clear");
+        // From 1 (migrated by the step before): only SUCCEEDED is read and cleared.
+        assert_eq!(migrate_from(1).await, in_each(&[1, 2, 3, 4, 6, 7]));
     }
 }

@@ -249,8 +249,8 @@ impl Scheduler {
             return Err(invalid("from", "must not be after `to`"));
         }
         let ns = q.namespace.as_str();
-        // Only ended states are in the status index (`is_indexed`): filter the time (or
-        // definition) index for SCHEDULED, READY, RUNNING and RETRY_WAIT.
+        // Only FAILED and CANCELLED are in the status index (`is_indexed`): filter the time
+        // (or definition) index for SCHEDULED, READY, RUNNING, RETRY_WAIT and SUCCEEDED.
         let indexed_status = q.status.filter(|s| is_indexed(*s as i32));
         Ok(match (&indexed_status, &q.definition) {
             (Some(s), _) => {

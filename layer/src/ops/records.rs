@@ -70,17 +70,18 @@ pub(crate) fn timer_key(e: &Execution, t: &TimerRef) -> TimerKey {
     }
 }
 
-/// Whether executions in `status` have entries in the status index: only the ended states
-/// (SUCCEEDED, FAILED, CANCELLED). The waiting and passing states — SCHEDULED, RETRY_WAIT,
-/// READY, RUNNING — have none: an entry written at submit and cleared at fire cost two writes
-/// per execution (issue 21), and listing them scans the time index instead, where the rows
-/// due in the future are mostly SCHEDULED anyway (their counts are exact either way). Stores
-/// written before this rule lose their SCHEDULED and RETRY_WAIT entries once, at open
+/// Whether executions in `status` have entries in the status index: only FAILED and
+/// CANCELLED, the ended states that are rare and looked for (issue 21). SUCCEEDED, the common
+/// end, has none: its entry cost a set at completion and a clear at retention, and listing it
+/// (the least selective filter: most rows match) scans the time index as well; retention finds
+/// it through the time index ([`super::retention`]). The waiting and passing states —
+/// SCHEDULED, RETRY_WAIT, READY, RUNNING — have none either: an entry written at submit and
+/// cleared at fire cost two writes per execution, and listing them scans the time index
+/// instead, where the rows due in the future are mostly SCHEDULED anyway (the counts are exact
+/// for every state). Stores written before these rules lose those entries once, at open
 /// ([`super::migrate`]).
 pub fn is_indexed(status: i32) -> bool {
-    status == ExecutionStatus::Succeeded as i32
-        || status == ExecutionStatus::Failed as i32
-        || status == ExecutionStatus::Cancelled as i32
+    status == ExecutionStatus::Failed as i32 || status == ExecutionStatus::Cancelled as i32
 }
 
 /// The attempt that made an execution SUCCEEDED, as the execution carries it (a successful

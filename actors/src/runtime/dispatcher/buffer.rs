@@ -1,5 +1,5 @@
 //! Dispatch buffers in the dispatcher's core (queues served by worker streams, without a
-//! concurrency limit): the node claims a little ahead of demand — 4 per slot of the streams,
+//! concurrency limit): the node claims a little ahead of demand — 2 per slot of the streams,
 //! at most 2,048 — *unassigned* (no worker named yet), so a credit coming back with a result is
 //! answered with a task at once instead of after a claim transaction. A buffered attempt is
 //! named by its worker's first heartbeat or result; if the node dies holding it, its lease runs

@@ -7,10 +7,11 @@
 pub const DISPATCH_BUFFER_MAX: usize = 2_048;
 /// How many executions a queue's dispatch buffer aims to hold per slot of its streams: a
 /// result's credit is answered from the buffer while a refill (a claim and its commit) is under
-/// way. One per slot left slots idle behind every refill (S2 100k: 10,011 → 12,423/s with 2);
-/// 4 per slot was faster still (13,468 → 18,019/s) but a node SIGKILLed holding a full buffer
-/// left those executions RUNNING, unassigned, until their lease ran out (S5: last start 31 s
-/// after due instead of 4 s). docs/benchmarks.md.
+/// way. One per slot left slots idle behind every refill (S2 100k: +15–25 % with 2); 4 per
+/// slot was faster still (13,468 → 18,019/s). A node SIGKILLed holding a buffer leaves those
+/// executions RUNNING, unassigned, until their lease runs out (S5: last start 31 s after due
+/// instead of 4 s, seen with 4 and with 2 per slot), the more likely the larger the buffer.
+/// docs/benchmarks.md.
 pub const DISPATCH_BUFFER_PER_SLOT: usize = 2;
 /// Result (and heartbeat) transactions the batcher runs at once.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;

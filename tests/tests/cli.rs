@@ -592,31 +592,55 @@ fn a_port_in_use_stops_the_node_before_it_starts_and_readyz_says_when_it_is_read
     assert!(!r.stdout.contains(" up "), "{}", r.stdout);
     drop(taken);
 
-    let (http, grpc) = (free_port(), free_port());
-    let _node = Killed(
-        Command::new(KAIROS)
-            .args(["dev", "--data-dir", dir.path().join("e").to_str().unwrap(), "--log", "warn"])
-            .args(["--listen-http", &format!("127.0.0.1:{http}")])
-            .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let t = Instant::now();
-    loop {
-        assert!(t.elapsed() < Duration::from_secs(20), "never ready");
-        match kairos_tests::http_request(http, "GET", "/readyz", &[], b"") {
-            Ok((200, body)) => {
-                assert!(body.starts_with("ready ") && !body.contains("shards=0"), "{body}");
-                break;
+    // Ports from `free_port` can be taken by a parallel test before the node binds them: a node
+    // that stops saying so is started again on fresh ports; any other exit fails with its log.
+    let mut attempt = 0;
+    let (_node, grpc) = 'started: loop {
+        attempt += 1;
+        let (http, grpc) = (free_port(), free_port());
+        let log = dir.path().join(format!("node-{attempt}.log"));
+        let mut node = Killed(
+            Command::new(KAIROS)
+                .args([
+                    "dev",
+                    "--data-dir",
+                    dir.path().join("e").to_str().unwrap(),
+                    "--log",
+                    "warn",
+                ])
+                .args(["--listen-http", &format!("127.0.0.1:{http}")])
+                .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let t = Instant::now();
+        loop {
+            if let Some(status) = node.0.try_wait().unwrap() {
+                let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+                if attempt < 3 && stderr.contains("in use") {
+                    continue 'started;
+                }
+                panic!("the node exited ({status}) before it was ready:\n{stderr}");
             }
-            Ok((503, body)) => assert!(body.starts_with("not-ready "), "{body}"),
-            Ok((s, body)) => panic!("/readyz answered {s}: {body}"),
-            Err(_) => {}
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "never ready in 30 s; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            match kairos_tests::http_request(http, "GET", "/readyz", &[], b"") {
+                Ok((200, body)) => {
+                    assert!(body.starts_with("ready ") && !body.contains("shards=0"), "{body}");
+                    break 'started (node, grpc);
+                }
+                Ok((503, body)) => assert!(body.starts_with("not-ready "), "{body}"),
+                Ok((s, body)) => panic!("/readyz answered {s}: {body}"),
+                Err(_) => {}
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    };
     // `--endpoint host:port` without a scheme is http://host:port.
     let r = ctl(&["--endpoint", &format!("127.0.0.1:{grpc}"), "list"]);
     assert_eq!(r.code, 0, "{}", r.stderr);

@@ -15,13 +15,14 @@ use kairos_layer::ops::{ClusterParams, Scheduler};
 use ractor::Actor;
 
 use crate::api::in_process::{NodeSlot, in_process_client};
+use crate::limits::ORPHAN_RELEASE_AFTER_MS;
 use crate::node::{Inner, Node, StartError, health};
 use crate::runtime::batcher::Batcher;
 use crate::runtime::context::{Ctx, Routes};
 use crate::runtime::cron_api::SdkExecutions;
 use crate::runtime::matchmaker::Matchmaker;
-use crate::runtime::retention;
 use crate::runtime::supervisor::NodeSupervisor;
+use crate::runtime::{effects, retention};
 use crate::server::auth::{Auth, AuthMode};
 use crate::server::config::{Backend, ConfigError, NodeConfig};
 use crate::server::metrics::Metrics;
@@ -48,6 +49,8 @@ impl Node {
         metrics.store_health.store(1, Ordering::Relaxed);
         let db = db.with_observer(metrics.clone());
         let sched = open_cluster(&config, db, clock.clone(), rng).await?;
+        // Claims made before this instant are a previous run's (see spawn_orphan_release).
+        let started_ms = clock.now().as_millis();
         let slot: NodeSlot = Arc::default();
         let ctx = Ctx {
             cron_api: SdkExecutions(in_process_client(slot.clone())),
@@ -66,6 +69,7 @@ impl Node {
         let weak = Arc::downgrade(&node.inner);
         let _ = slot.set(Box::new(move || weak.upgrade().map(|inner| Node { inner })));
         spawn_retention(Arc::downgrade(&node.inner));
+        spawn_orphan_release(Arc::downgrade(&node.inner), started_ms);
         Ok(node)
     }
 }
@@ -85,7 +89,8 @@ async fn open_cluster(
     Ok(Scheduler::open(db, Keyspace::new(&config.cluster), clock, rng, params)
         .await?
         .with_namespace_weights(config.namespace_weights.clone())
-        .with_fair_scan(config.fair_scan_rows))
+        .with_fair_scan(config.fair_scan_rows)
+        .with_holder(config.node_id.as_deref().unwrap_or_default()))
 }
 
 /// Starts the actor tree and the health watch: the node, running.
@@ -110,6 +115,37 @@ async fn start_actors(ctx: Ctx) -> Result<Node, StartError> {
             store_doubt: std::sync::Mutex::new(None),
         }),
     })
+}
+
+/// [`ORPHAN_RELEASE_AFTER_MS`] after the start, releases what this node's previous run
+/// claimed and never handed over — its dispatch buffers when it was killed, attempts started
+/// for workers it never reached — unless a worker was heard from for them meanwhile: READY again
+/// at once instead of a whole lease later. On failure their lease checks release them, as
+/// before.
+fn spawn_orphan_release(node: std::sync::Weak<Inner>, started_ms: i64) {
+    let Some(inner) = node.upgrade() else { return };
+    let clock = inner.ctx.clock.clone();
+    drop(inner);
+    tokio::spawn(async move {
+        clock.sleep(Duration::from_millis(ORPHAN_RELEASE_AFTER_MS)).await;
+        let Some(inner) = node.upgrade() else { return };
+        let ctx = inner.ctx.clone();
+        drop(inner);
+        match ctx.sched.release_orphaned_claims(&ctx.node_id, started_ms).await {
+            Ok(released) if released.is_empty() => {}
+            Ok(released) => {
+                tracing::info!(
+                    released = released.len(),
+                    "released the attempts this node's previous run claimed and never handed over"
+                );
+                effects::orphans_released(&ctx, &released);
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "releasing the previous run's unconfirmed claims failed; their lease checks will"
+            ),
+        }
+    });
 }
 
 /// Runs the retention sweeper every `retention_sweep_ms` while the node lives.

@@ -7,12 +7,16 @@
 pub const DISPATCH_BUFFER_MAX: usize = 2_048;
 /// How many executions a queue's dispatch buffer aims to hold per slot of its streams: a
 /// result's credit is answered from the buffer while a refill (a claim and its commit) is under
-/// way. One per slot left slots idle behind every refill (S2 100k: +15–25 % with 2); 4 per
-/// slot was faster still (13,468 → 18,019/s). A node SIGKILLed holding a buffer leaves those
-/// executions RUNNING, unassigned, until their lease runs out (S5: last start 31 s after due
-/// instead of 4 s, seen with 4 and with 2 per slot), the more likely the larger the buffer.
-/// docs/benchmarks.md.
-pub const DISPATCH_BUFFER_PER_SLOT: usize = 2;
+/// way. One per slot left slots idle behind every refill (S2 100k: +15–25 % with 2, about +50 %
+/// with 4). A node SIGKILLed holding a buffer gets its executions back at its restart
+/// ([`ORPHAN_RELEASE_AFTER_MS`]); before that was built they waited for their lease (S5: last
+/// start 31 s after due instead of 4 s) and this was 2. docs/benchmarks.md.
+pub const DISPATCH_BUFFER_PER_SLOT: usize = 4;
+/// How long after its start a node releases the attempts its previous run claimed and never
+/// handed over (a SIGKILLed node's dispatch buffers; `Scheduler::release_orphaned_claims`):
+/// long enough for its workers to reconnect (their back-off is at most 2 s) and be heard from
+/// — the SDK's worker beats for every running task on reconnecting.
+pub const ORPHAN_RELEASE_AFTER_MS: u64 = 5_000;
 /// Result (and heartbeat) transactions the batcher runs at once.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
 /// The most inputs one `SubmitBatch` call of a cron round carries (a round's occurrences are

@@ -97,7 +97,7 @@ async fn fires_clear_expired_receipts_and_check_finds_stale_ones() {
     let old_receipts = || async {
         let r = w.ks.subspace_range(kairos_layer::keys::Tag::ClaimReceipt);
         let dump = w.dump().await;
-        let at = dump.range(r.begin..r.end).map(|(k, _)| w.ks.parse_claim_receipt(k).unwrap());
+        let at = dump.range(r.begin..r.end).map(|(k, _)| w.ks.parse_claim_receipt(k).unwrap().0);
         at.filter(|at| *at < w.now_ms() - 60_000).count()
     };
     for round in 0..3u64 {
@@ -117,7 +117,7 @@ async fn fires_clear_expired_receipts_and_check_finds_stale_ones() {
     let report = check_records(w.sched.database(), w.sched.keyspace(), |_| {}).await.unwrap();
     assert!(report.is_clean(), "{:#?}", report.findings);
     // A receipt from a day before the newest, never cleared: a finding.
-    let stale = w.ks.claim_receipt(w.now_ms() - DAY_MS as i64, 7);
+    let stale = w.ks.claim_receipt(w.now_ms() - DAY_MS as i64, 7, "");
     let empty: Vec<(String, String, u64, u32)> = Vec::new();
     let tx = w.db.begin().unwrap();
     tx.set(&stale, &kairos_layer::tuple::pack(&empty)).unwrap();
@@ -190,4 +190,64 @@ async fn attempts_are_read_in_pages() {
     assert_eq!(w.sched.attempts(NS, &id).await.unwrap().len(), 13, "the first page: up to 100");
     let e = w.sched.attempts_page(NS, &id, None, 101).await.unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
+}
+
+/// A node killed holding claims finds them at its restart through the receipts naming it: what
+/// its buffer claimed unassigned and what it started for a waiting worker are READY again
+/// (uncounted) unless a worker was heard from (a heartbeat or a result); another node's claims
+/// and claims older than the receipts are left to their lease checks.
+#[tokio::test]
+async fn a_restarted_node_releases_what_its_previous_run_claimed_and_never_handed_over() {
+    use kairos_layer::ops::claim::Claimed;
+    use kairos_proto::storage::v1::ExecutionStatus;
+
+    let w = world(37, FaultConfig::none()).await;
+    let a = w.sched.clone().with_holder("node-a");
+    let b = w.sched.clone().with_holder("node-b");
+    for i in 0..8 {
+        w.sched.submit(request(Some(&format!("k{i}")), T0)).await.unwrap();
+    }
+    w.fire_all().await;
+    // 60 s before the restart: one claim, past what receipts keep.
+    let old = a.claim_for(NS, "report", "", 1, None).await.unwrap();
+    w.advance_ms(61_000);
+    let buffered = a.claim_for(NS, "report", "", 3, None).await.unwrap();
+    let waiting = a.claim_for(NS, "report", "w1", 2, None).await.unwrap();
+    let other = b.claim_for(NS, "report", "", 2, None).await.unwrap();
+    assert_eq!((old.len(), buffered.len(), waiting.len(), other.len()), (1, 3, 2, 2));
+    let token = |c: &Claimed| (c.execution.id.clone(), c.attempt.fencing_token);
+    // One buffered attempt reached its worker (a heartbeat), one waiting worker's finished.
+    let (id, t) = token(&buffered[0]);
+    a.heartbeat_one(NS, &id, t).await.unwrap();
+    let (id, t) = token(&waiting[0]);
+    a.complete(NS, &id, t, Vec::new(), String::new()).await.unwrap();
+
+    w.advance_ms(5_000);
+    let released = a.release_orphaned_claims("node-a", w.now_ms()).await.unwrap();
+    let mut got: Vec<String> = released.iter().map(|e| e.id.clone()).collect();
+    let mut want: Vec<String> =
+        [&buffered[1], &buffered[2], &waiting[1]].iter().map(|c| token(c).0).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "the unconfirmed attempts of node-a's receipts");
+    for id in &want {
+        let e = w.sched.get(NS, id).await.unwrap();
+        assert_eq!(e.status, ExecutionStatus::Ready as i32, "{id}");
+        assert_eq!((e.attempt_count, e.attempts_released), (1, 1), "released uncounted");
+    }
+    let status = |c: &Claimed| {
+        let id = token(c).0;
+        let sched = &w.sched;
+        async move { sched.get(NS, &id).await.unwrap().status }
+    };
+    assert_eq!(status(&buffered[0]).await, ExecutionStatus::Running as i32, "heard from");
+    assert_eq!(status(&waiting[0]).await, ExecutionStatus::Succeeded as i32);
+    assert_eq!(status(&other[0]).await, ExecutionStatus::Running as i32, "node-b's");
+    assert_eq!(status(&old[0]).await, ExecutionStatus::Running as i32, "past the receipts");
+    // Done once: a second pass finds the tokens moved on.
+    assert!(a.release_orphaned_claims("node-a", w.now_ms()).await.unwrap().is_empty());
+    // The released executions are claimed again, under new tokens.
+    let again = a.claim_for(NS, "report", "w2", 10, None).await.unwrap();
+    assert_eq!(again.len(), 3);
+    w.check_invariants().await;
 }

@@ -245,6 +245,13 @@ impl Worker {
                 }
             };
             backoff = Duration::from_millis(100);
+            // Every running task beats at the first tick of the new stream: a node restarted
+            // after a crash releases the attempts no worker has confirmed a few seconds after
+            // it starts, and a task's first beat may have gone down with the old stream.
+            let now = Instant::now();
+            for r in running.values_mut() {
+                r.next_beat = now;
+            }
             let mut tick = tokio::time::interval(HEARTBEAT_TICK);
             let ack_deadline = Instant::now() + SHUTDOWN_ACK_WAIT;
             let broken = loop {

@@ -105,6 +105,17 @@ pub(crate) fn replayed(ctx: &Ctx, e: &Execution) {
     ctx.routes.ready_hint(&e.namespace, &e.queue);
 }
 
+/// A restarted node released what its previous run claimed and never handed over: counted as
+/// released orphans, their queues hinted as holding ready work.
+pub(crate) fn orphans_released(ctx: &Ctx, released: &[Execution]) {
+    ctx.metrics.orphans_released.fetch_add(released.len() as u64, Ordering::Relaxed);
+    let queues: std::collections::BTreeSet<(&str, &str)> =
+        released.iter().map(|e| (e.namespace.as_str(), e.queue.as_str())).collect();
+    for (ns, queue) in queues {
+        ctx.routes.ready_hint(ns, queue);
+    }
+}
+
 /// A client changed a cron job: its local cron owner (if any) looks at it now.
 pub(crate) fn cron_changed(ctx: &Ctx, job: &CronJob) {
     ctx.routes.cron_hint(job.shard, &job.namespace, &job.id);

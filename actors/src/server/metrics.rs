@@ -300,7 +300,7 @@ impl Metrics {
             ),
             (
                 "kairos_orphans_released",
-                "Claimed executions whose worker vanished before delivery, released to READY.",
+                "Claimed executions released to READY undelivered: their worker vanished, they aged in a dispatch buffer, or this node's previous run held them.",
                 &self.orphans_released,
             ),
             (

@@ -26,7 +26,7 @@
 //! | 20 | partition expiry | `(20, space, partition)` | `PartitionExpiry` (owner, epoch, expires_at): only renewals write it |
 //! | 21 | ready | `(21, ns, queue, partition, ready_at_ms, execution_id)` | empty |
 //! | 22 | ready signal | `(22, ns, queue, partition)` | i64 little-endian counter, bumped when work becomes ready; dispatchers watch it |
-//! | 23 | claim receipt | `(23, claimed_at_ms, claim_id)` | tuple-packed list of `(namespace, execution_id, fencing_token, slot)`, one per attempt one claim started — or one fire started for its offer's slots — so the transaction retried after an unknown commit result hands out exactly that, to the same slots; kept 60 s |
+//! | 23 | claim receipt | `(23, claimed_at_ms, claim_id, node_id)` (older receipts name no node: `(23, claimed_at_ms, claim_id)`) | tuple-packed list of `(namespace, execution_id, fencing_token, slot)`, one per attempt one claim started — or one fire started for its offer's slots — so the transaction retried after an unknown commit result hands out exactly that, to the same slots, and a restarted node finds what its previous run held; kept 60 s |
 //! | 24 | status count | `(24, ns, status, partition)` | i64 little-endian counter of executions in that status, kept by atomic adds |
 //! | 25 | quarantine | `(25, space, partition, at_ms, key)` | `QuarantineRecord`: a record that could not be processed, kept for operators |
 //! | 26 | cron watermark | `(26, shard)` | i64 big-endian: lowest bucket that may hold cron timers of the cron shard (written with the shard's first cron timer) |
@@ -370,13 +370,27 @@ impl Keyspace {
     }
 
     /// A claim receipt.
-    pub fn claim_receipt(&self, claimed_at_ms: i64, claim_id: u64) -> Vec<u8> {
-        self.key(Tag::ClaimReceipt, (claimed_at_ms, claim_id))
+    pub fn claim_receipt(&self, claimed_at_ms: i64, claim_id: u64, holder: &str) -> Vec<u8> {
+        if holder.is_empty() {
+            self.key(Tag::ClaimReceipt, (claimed_at_ms, claim_id))
+        } else {
+            self.key(Tag::ClaimReceipt, (claimed_at_ms, claim_id, holder))
+        }
     }
 
-    /// When a claim receipt was written.
-    pub fn parse_claim_receipt(&self, key: &[u8]) -> Result<i64, KeyError> {
-        self.unpack::<(i64, u64)>(Tag::ClaimReceipt, key).map(|(at, _)| at)
+    /// When a claim receipt was written, and by which node (empty: a receipt that names none,
+    /// as those written before receipts named their node).
+    pub fn parse_claim_receipt(&self, key: &[u8]) -> Result<(i64, String), KeyError> {
+        self.unpack::<(i64, u64, String)>(Tag::ClaimReceipt, key)
+            .map(|(at, _, holder)| (at, holder))
+            .or_else(|_| {
+                self.unpack::<(i64, u64)>(Tag::ClaimReceipt, key).map(|(at, _)| (at, String::new()))
+            })
+    }
+
+    /// Claim receipts written from `from_ms` to before `to_ms`.
+    pub fn claim_receipts_between(&self, from_ms: i64, to_ms: i64) -> RangeOption {
+        RangeOption::new(self.key(Tag::ClaimReceipt, from_ms), self.key(Tag::ClaimReceipt, to_ms))
     }
 
     /// Claim receipts older than `before_ms` (claims and fires clear them, and retention).
@@ -660,7 +674,7 @@ impl Keyspace {
             Tag::PartitionOwner | Tag::PartitionExpiry => self.parse_partition(tag, key).map(drop),
             Tag::Ready => self.parse_ready(key).map(drop),
             Tag::ReadySignal => self.unpack::<(String, String, u32)>(tag, key).map(drop),
-            Tag::ClaimReceipt => self.unpack::<(i64, u64)>(tag, key).map(drop),
+            Tag::ClaimReceipt => self.parse_claim_receipt(key).map(drop),
             Tag::StatusCount => self.parse_status_count(key).map(drop),
             Tag::Quarantine => self.unpack::<(i64, u32, i64, Vec<u8>)>(tag, key).map(drop),
             Tag::ApiKey => self.parse_api_key(key).map(drop),

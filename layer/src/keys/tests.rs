@@ -38,7 +38,7 @@ fn every_key_the_layout_writes_passes_the_layout_check() {
         (Tag::PartitionExpiry, ks.partition_expiry(Space::Executions, 3)),
         (Tag::Ready, ks.ready(&ready)),
         (Tag::ReadySignal, ks.ready_signal("ns", "q", 1)),
-        (Tag::ClaimReceipt, ks.claim_receipt(9, 10)),
+        (Tag::ClaimReceipt, ks.claim_receipt(9, 10, "n1")),
         (Tag::StatusCount, ks.status_count("ns", 2, 1)),
         (Tag::Quarantine, ks.quarantine(Space::Executions, 1, 5, b"k")),
         (Tag::CronWatermark, ks.cron_watermark(2)),
@@ -87,7 +87,7 @@ fn subspaces_are_disjoint_and_ordered_by_tag() {
         (Tag::ByDefinition, ks.by_definition("ns", "d", 5, "E")),
         (Tag::ByTime, ks.by_time("ns", 5, "E")),
         (Tag::ReadySignal, ks.ready_signal("ns", "q", 1)),
-        (Tag::ClaimReceipt, ks.claim_receipt(5, 9)),
+        (Tag::ClaimReceipt, ks.claim_receipt(5, 9, "")),
         (Tag::StatusCount, ks.status_count("ns", 3, 1)),
         (Tag::CronJob, ks.cron_job("ns", "C")),
         (

@@ -215,7 +215,7 @@ impl Scan {
         if crate::tuple::unpack::<super::claim::Receipt>(value).is_err() {
             self.report.found(key, "a claim receipt that is not a list of attempts");
         }
-        let Ok(at) = ks.parse_claim_receipt(key) else { return };
+        let Ok((at, _)) = ks.parse_claim_receipt(key) else { return };
         let r = &mut self.receipts;
         if r.oldest.len() < CHECK_PAGE {
             r.oldest.push((at, key.to_vec()));

@@ -153,7 +153,7 @@ impl Scheduler {
         let now_ms = self.clock.now().as_millis();
         // Chosen outside the retry loop: a retry after an unknown commit result finds the
         // receipt of the claim that did commit and returns what it took.
-        let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64());
+        let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64(), &self.holder);
         let parts = self.config.ready_partitions.max(1);
         // Partitions in a random order, so claimers spread over them.
         let start = self.rng.below(u64::from(parts)) as u32;

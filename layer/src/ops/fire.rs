@@ -121,7 +121,7 @@ impl Scheduler {
         let limit = limit.clamp(1, FIRE_BATCH_MAX);
         // A receipt for the matched attempts, chosen outside the retry loop: a retry after an
         // unknown commit result hands out what the committed try matched, to the same slots.
-        let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64());
+        let receipt = &self.ks.claim_receipt(now_ms, self.rng.next_u64(), &self.holder);
         self.db
             .run(|tx| async move {
                 if let Some(v) = tx.get(receipt).await? {

@@ -11,6 +11,7 @@
 //! | `cancel` (pending or running), `replay` | [`control`] |
 //! | `fire_due` (with an offer of waiting workers: sync match), `fire_timer`, `load_timers` | [`fire`] |
 //! | `claim` (for several waiting workers at once) | [`claim`] |
+//! | `release_orphaned_claims` (a restarted node's unconfirmed claims) | [`orphans`] |
 //! | attempts: `heartbeat`, `report` (success, failure, release), many per transaction | [`worker`] |
 //! | back-off (attempts' retry policy; every retry loop's doubling pause) | [`retry`] |
 //! | checks of the values clients name | [`validate`] |
@@ -31,6 +32,7 @@ pub mod error;
 pub mod fire;
 pub mod leases;
 pub(crate) mod migrate;
+pub mod orphans;
 pub mod query;
 pub mod records;
 pub mod retention;
@@ -86,6 +88,10 @@ pub struct Scheduler {
     pub(crate) fire_weights: std::sync::Arc<std::collections::BTreeMap<String, u32>>,
     /// Due timers a fire transaction looks at to share its batch (0: time order only).
     pub(crate) fair_scan_rows: usize,
+    /// The node this scheduler claims for, named in its claim receipts (empty: none), so that
+    /// node, restarted, finds the attempts it claimed and never handed over
+    /// ([`Scheduler::release_orphaned_claims`]).
+    pub(crate) holder: String,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -179,6 +185,7 @@ impl Scheduler {
             token_key,
             fire_weights: Default::default(),
             fair_scan_rows: fire::FAIR_SCAN_ROWS,
+            holder: String::new(),
         })
     }
 
@@ -196,6 +203,13 @@ impl Scheduler {
     /// batch between namespaces (0: fire in time order only).
     pub fn with_fair_scan(mut self, rows: usize) -> Self {
         self.fair_scan_rows = rows.min(crate::limits::FAIR_SCAN_ROWS_MAX);
+        self
+    }
+
+    /// The same scheduler naming `node_id` in the receipts of its claims and matched fires
+    /// (see [`Scheduler::release_orphaned_claims`]).
+    pub fn with_holder(mut self, node_id: &str) -> Self {
+        self.holder = node_id.to_string();
         self
     }
 

@@ -1,11 +1,13 @@
 //! Dispatch buffers in the dispatcher's core (queues served by worker streams, without a
-//! concurrency limit): the node claims a little ahead of demand — 2 per slot of the streams,
+//! concurrency limit): the node claims a little ahead of demand — 4 per slot of the streams,
 //! at most 2,048 — *unassigned* (no worker named yet), so a credit coming back with a result is
 //! answered with a task at once instead of after a claim transaction. A buffered attempt is
-//! named by its worker's first heartbeat or result; if the node dies holding it, its lease runs
-//! out and it is released uncounted (it never ran). Items older than half their lease are
-//! released, and a queue whose streams all closed gives its buffer back. The buffer is also a
-//! slot in the ledger, so fires fill it when no worker waits.
+//! named by its worker's first heartbeat or result; if the node dies holding it, the node
+//! releases it when it restarts (`release_orphaned_claims`, started in `boot.rs`), or its lease
+//! check does a lease later if the node does not come back; it is released uncounted (it never
+//! ran). Items older than half their lease are released, and a queue whose streams all closed
+//! gives its buffer back. The buffer is also a slot in the ledger, so fires fill it when no
+//! worker waits.
 
 use std::collections::BTreeMap;
 

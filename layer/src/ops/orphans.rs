@@ -128,5 +128,5 @@ fn is_orphan(e: &Execution, token: u64, now_ms: i64) -> bool {
         && e.fencing_token == token
         && !e.worker_confirmed
         && e.attempts_released < RELEASES_UNCOUNTED_MAX
-        && !attempt_timeout_at_ms(e).is_some_and(|t| now_ms >= t)
+        && attempt_timeout_at_ms(e).is_none_or(|t| now_ms < t)
 }

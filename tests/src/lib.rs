@@ -1,12 +1,14 @@
 //! End-to-end tests that start real `kairos` processes; see `tests/tests/`. What they share:
-//! a minimal HTTP/1.1 client for the node's HTTP API, certificates for the TLS tests
-//! ([`pki`]), and a real cluster in network namespaces for the cluster tests ([`cluster`]).
+//! a minimal HTTP/1.1 client for the node's HTTP API, a single `kairos dev` node ([`dev`]),
+//! certificates for the TLS tests ([`pki`]), and a real cluster in network namespaces for the
+//! cluster tests ([`cluster`]).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 pub mod cluster;
+pub mod dev;
 
 /// One HTTP/1.1 request on its own connection to 127.0.0.1:`port`: `(status, body)`; a chunked
 /// body is reduced to its JSON part.

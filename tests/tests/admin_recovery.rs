@@ -3,26 +3,14 @@
 //! stopped node makes a new one — refused while the node runs.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
+use kairos_tests::dev::{Killed, free_port};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `kairos serve` on `data` with the given ports.
 fn serve(data: &Path, http: u16, grpc: u16) -> Killed {

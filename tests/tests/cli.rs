@@ -6,19 +6,15 @@
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kairos_tests::dev::{Killed, free_port};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// An endpoint nobody listens on.
 fn closed_endpoint() -> String {
@@ -303,15 +299,6 @@ fn closed_stdout(bin: &str, args: &[&str]) -> Run {
     output(out)
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start_node(dir: &Path) -> (Killed, String) {
     let (http, grpc) = (free_port(), free_port());
     let child = Command::new(KAIROS)
@@ -563,51 +550,19 @@ fn dev_says_authentication_is_off() {
     assert_eq!(status, 200, "no key needed");
 }
 
-/// The ports are bound before the node starts: with the HTTP port taken, `kairos dev` stops at
-/// once, saying which port, and never logs that the node started (nor takes a lease). Once up,
-/// `/readyz` says `ready` with the shards it holds.
-#[test]
-fn a_port_in_use_stops_the_node_before_it_starts_and_readyz_says_when_it_is_ready() {
-    let dir = tempfile::tempdir().unwrap();
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = taken.local_addr().unwrap().port();
-    let r = run(
-        KAIROS,
-        &[
-            "dev",
-            "--data-dir",
-            dir.path().join("d").to_str().unwrap(),
-            "--log",
-            "info",
-            "--listen-http",
-            &format!("127.0.0.1:{port}"),
-            "--listen-grpc",
-            &format!("127.0.0.1:{}", free_port()),
-        ],
-        &[],
-    );
-    assert_ne!(r.code, 0, "{}", r.stderr);
-    assert!(r.stderr.contains(&format!("127.0.0.1:{port}")), "{}", r.stderr);
-    assert!(!r.stderr.contains("node started"), "not started before binding: {}", r.stderr);
-    assert!(!r.stdout.contains(" up "), "{}", r.stdout);
-    drop(taken);
-
+/// Starts `kairos dev` on `dir/e` and waits until `/readyz` says `ready` with shards: the
+/// process and its gRPC port. Every `/readyz` answer on the way is `not-ready …` (503).
+fn start_until_ready(dir: &Path) -> (Killed, u16) {
     // Ports from `free_port` can be taken by a parallel test before the node binds them: a node
     // that stops saying so is started again on fresh ports; any other exit fails with its log.
     let mut attempt = 0;
-    let (_node, grpc) = 'started: loop {
+    'started: loop {
         attempt += 1;
         let (http, grpc) = (free_port(), free_port());
-        let log = dir.path().join(format!("node-{attempt}.log"));
+        let log = dir.join(format!("node-{attempt}.log"));
         let mut node = Killed(
             Command::new(KAIROS)
-                .args([
-                    "dev",
-                    "--data-dir",
-                    dir.path().join("e").to_str().unwrap(),
-                    "--log",
-                    "warn",
-                ])
+                .args(["dev", "--data-dir", dir.join("e").to_str().unwrap(), "--log", "warn"])
                 .args(["--listen-http", &format!("127.0.0.1:{http}")])
                 .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
                 .stdout(Stdio::null())
@@ -640,7 +595,39 @@ fn a_port_in_use_stops_the_node_before_it_starts_and_readyz_says_when_it_is_read
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-    };
+    }
+}
+
+/// The ports are bound before the node starts: with the HTTP port taken, `kairos dev` stops at
+/// once, saying which port, and never logs that the node started (nor takes a lease). Once up,
+/// `/readyz` says `ready` with the shards it holds.
+#[test]
+fn a_port_in_use_stops_the_node_before_it_starts_and_readyz_says_when_it_is_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let r = run(
+        KAIROS,
+        &[
+            "dev",
+            "--data-dir",
+            dir.path().join("d").to_str().unwrap(),
+            "--log",
+            "info",
+            "--listen-http",
+            &format!("127.0.0.1:{port}"),
+            "--listen-grpc",
+            &format!("127.0.0.1:{}", free_port()),
+        ],
+        &[],
+    );
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains(&format!("127.0.0.1:{port}")), "{}", r.stderr);
+    assert!(!r.stderr.contains("node started"), "not started before binding: {}", r.stderr);
+    assert!(!r.stdout.contains(" up "), "{}", r.stdout);
+    drop(taken);
+
+    let (_node, grpc) = start_until_ready(dir.path());
     // `--endpoint host:port` without a scheme is http://host:port.
     let r = ctl(&["--endpoint", &format!("127.0.0.1:{grpc}"), "list"]);
     assert_eq!(r.code, 0, "{}", r.stderr);

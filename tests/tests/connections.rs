@@ -6,9 +6,10 @@
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kairos_tests::dev::{Killed, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -19,19 +20,6 @@ const ECHO: &str = "name: echo\nversion: 1\ninputs:\n  name: string\nexecution:\
 const DESCRIPTORS: u32 = 256;
 /// Half-open connections opened on each listener: together more than the node's descriptors.
 const FLOOD: usize = 200;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `kairosctl args` with the key: `(exit code, stdout, stderr)`.
 fn ctl(endpoint: &str, key: &str, args: &[&str]) -> (i32, String, String) {

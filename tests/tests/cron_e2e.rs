@@ -5,28 +5,15 @@
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kairos_tests::dev::{Killed, free_port};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn log(name: &str) -> Stdio {
     match std::env::var("KAIROS_E2E_LOGS") {

@@ -2,30 +2,17 @@
 //! The node is SIGKILLed and restarted mid-way; every acknowledged execution must still end.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kairos_tests::dev::{Killed, free_port};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 static NODE_STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Node {
     proc: Killed,

@@ -4,26 +4,13 @@
 //! naming the namespace, the console switching namespace, and `/metrics` help texts.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
+use kairos_tests::dev::{Killed, free_port};
 use std::io::Write;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Run {
     code: i32,

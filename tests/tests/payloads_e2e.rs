@@ -5,8 +5,6 @@
 //! error code of 100 KB) among its other results: it alone fails, naming its field.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kairos_proto::v1::worker_service_client::WorkerServiceClient;
@@ -15,49 +13,13 @@ use kairos_proto::v1::{
     submit_batch_item, submit_request, task_result,
 };
 use kairos_sdk::{Client, Worker};
+use kairos_tests::dev::DevNode;
 use tokio::sync::{mpsc, watch};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const BIG: &str = "name: big\nversion: 1\ninputs:\n  blob: string\ntimeouts: {lease: 120s}\nexecution: {type: test}\n";
 const EXECUTIONS: usize = 3_000;
 const INPUT_BYTES: usize = 30_000;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A `kairos dev` node; its gRPC endpoint once it owns its shards.
-async fn start_node(dir: &std::path::Path) -> (Killed, String) {
-    let (http, grpc) = (free_port(), free_port());
-    let child = Command::new(KAIROS)
-        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
-        .args(["--listen-http", &format!("127.0.0.1:{http}")])
-        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kairos starts");
-    let node = Killed(child);
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(20) {
-        if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"")
-            && body.contains("shards=64")
-        {
-            return (node, format!("http://127.0.0.1:{grpc}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("node did not become healthy");
-}
 
 /// Submits `n` executions of `big` with 30 KB inputs, due now, in batches of 100 (3 MB each).
 async fn submit_big(client: &Client, ns: &str, n: usize) -> Vec<String> {
@@ -154,7 +116,8 @@ async fn succeeded(client: &Client) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_inputs_to_a_500_credit_worker_all_complete_and_a_poisoned_result_fails_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let (_node, endpoint) = start_node(dir.path()).await;
+    let node = DevNode::start(KAIROS, dir.path()).await;
+    let endpoint = node.endpoint.clone();
     let client = Client::connect(&endpoint).await.unwrap().with_timeout(Duration::from_secs(30));
     client.register_definition(BIG).await.unwrap();
     let other = client.clone().with_namespace("other");

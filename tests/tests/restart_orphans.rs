@@ -5,58 +5,22 @@
 //! left to its lease check would miss the test's bound by far.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kairos_proto::v1::worker_service_client::WorkerServiceClient;
-use kairos_proto::v1::{ExecutionStatus, SubmitRequest, WorkOpen, WorkRequest, submit_request};
+use kairos_proto::v1::{
+    ExecutionStatus, SubmitRequest, WorkOpen, WorkRequest, WorkResponse, submit_request,
+};
 use kairos_sdk::{Client, Worker};
+use kairos_tests::dev::DevNode;
 use tokio::sync::{mpsc, watch};
+use tonic::Streaming;
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const HELD: &str = "name: held\nversion: 1\ntimeouts: {lease: 600s}\nexecution: {type: test}\n";
 const EXECUTIONS: usize = 200;
 /// The raw worker's credits: the node buffers 4 per slot on top.
 const CREDITS: u32 = 10;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A `kairos dev` node on `dir`: the process, its HTTP port and gRPC endpoint, once it owns
-/// its shards.
-async fn start_node(dir: &std::path::Path) -> (Killed, u16, String) {
-    let (http, grpc) = (free_port(), free_port());
-    let child = Command::new(KAIROS)
-        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
-        .args(["--listen-http", &format!("127.0.0.1:{http}")])
-        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kairos starts");
-    let node = Killed(child);
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(30) {
-        if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"")
-            && body.contains("shards=64")
-        {
-            return (node, http, format!("http://127.0.0.1:{grpc}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("node did not become healthy");
-}
 
 async fn count(client: &Client, status: ExecutionStatus) -> i64 {
     let stats = client.stats(false).await.expect("stats");
@@ -72,12 +36,8 @@ fn metric(http: u16, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} not in /metrics"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_killed_holding_claims_hands_them_out_again_soon_after_its_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let (node, _, endpoint) = start_node(dir.path()).await;
-    let client = Client::connect(&endpoint).await.unwrap().with_timeout(Duration::from_secs(30));
-    client.register_definition(HELD).await.unwrap();
+/// Submits the executions of `held`, due now.
+async fn submit_held(client: &Client) {
     let reqs: Vec<SubmitRequest> = (0..EXECUTIONS)
         .map(|i| SubmitRequest {
             namespace: "default".into(),
@@ -90,9 +50,14 @@ async fn a_node_killed_holding_claims_hands_them_out_again_soon_after_its_restar
         })
         .collect();
     client.submit_batch(reqs).await.expect("submitted");
+}
 
-    // A raw worker takes its tasks and is never heard from again (no heartbeat, no result).
-    let mut workers = WorkerServiceClient::connect(endpoint.clone()).await.unwrap();
+/// A raw worker that takes its tasks and is never heard from again (no heartbeat, no result):
+/// its stream (kept open while held) and how many tasks it got.
+async fn silent_worker(
+    endpoint: &str,
+) -> ((Streaming<WorkResponse>, mpsc::Sender<WorkRequest>), usize) {
+    let mut workers = WorkerServiceClient::connect(endpoint.to_string()).await.unwrap();
     let (tx, rx) = mpsc::channel(4);
     let open = WorkOpen {
         namespace: "default".into(),
@@ -113,6 +78,19 @@ async fn a_node_killed_holding_claims_hands_them_out_again_soon_after_its_restar
             .expect("open");
         tasks += m.tasks.len();
     }
+    ((inbound, tx), tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_holding_claims_hands_them_out_again_soon_after_its_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = DevNode::start(KAIROS, dir.path()).await;
+    let endpoint = node.endpoint.clone();
+    let client = Client::connect(&endpoint).await.unwrap().with_timeout(Duration::from_secs(30));
+    client.register_definition(HELD).await.unwrap();
+    submit_held(&client).await;
+
+    let (silent, tasks) = silent_worker(&endpoint).await;
     // The node claims ahead for the stream's buffer: more RUNNING than the worker holds.
     let t = Instant::now();
     let mut running = count(&client, ExecutionStatus::Running).await;
@@ -124,9 +102,10 @@ async fn a_node_killed_holding_claims_hands_them_out_again_soon_after_its_restar
     println!("RUNNING at the SIGKILL: {running} ({tasks} handed to the silent worker)");
 
     drop(node); // SIGKILL
-    drop((inbound, tx));
+    drop(silent);
     let restarted = Instant::now();
-    let (_node, http, endpoint) = start_node(dir.path()).await;
+    let node = DevNode::start(KAIROS, dir.path()).await;
+    let (http, endpoint) = (node.http, node.endpoint.clone());
     let client = Client::connect(&endpoint).await.unwrap().with_timeout(Duration::from_secs(30));
     let (stop, stopped) = watch::channel(false);
     let worker = Worker::new(client.clone(), "held", "w-2")

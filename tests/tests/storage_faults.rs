@@ -2,16 +2,12 @@
 //! refused, not silently replaced by an empty cluster.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use std::net::TcpListener;
+use kairos_tests::dev::free_port;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// Runs `kairos dev` on `dir` until it is healthy (then stops it with SIGTERM) or exits; returns
 /// whether it came up, and its stderr.

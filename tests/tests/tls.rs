@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::v1::ExecutionStatus;
 use kairos_sdk::{Client, Tls, Worker};
+use kairos_tests::dev::{Killed, free_port};
 use kairos_tests::pki::{Ca, Leaf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -316,19 +317,6 @@ async fn replaced_certificate_files_are_served_to_new_connections() {
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 const KAIROSCTL: &str = env!("CARGO_BIN_EXE_e2e-kairosctl");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `kairosctl args` with `env`: `(exit code, stdout, stderr)`.
 fn ctl(args: &[&str], env: &[(&str, &Path)]) -> (i32, String, String) {

@@ -17,6 +17,9 @@ pub const DISPATCH_BUFFER_PER_SLOT: usize = 4;
 /// long enough for its workers to reconnect (their back-off is at most 2 s) and be heard from
 /// — the SDK's worker beats for every running task on reconnecting.
 pub const ORPHAN_RELEASE_AFTER_MS: u64 = 5_000;
+/// How long after its last heartbeat a dead node's claims are still looked for by the live
+/// nodes (`node_ttl_ms` plus this): the claim receipts naming them are kept 60 s.
+pub const DEAD_NODE_CLAIMS_MS: i64 = 60_000;
 /// Result (and heartbeat) transactions the batcher runs at once.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
 /// The most inputs one `SubmitBatch` call of a cron round carries (a round's occurrences are

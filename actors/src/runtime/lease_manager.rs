@@ -20,8 +20,10 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::context::{Ctx, send_after};
 use super::cron_owner::{CronOwnerArgs, CronShardOwner};
+use super::effects;
 use super::messages::{LeaseMsg, PartitionId, RoundOutcome};
 use super::shard_owner::{OwnerArgs, ShardOwner};
+use crate::limits::DEAD_NODE_CLAIMS_MS;
 
 /// What one round of lease management does (the pure core).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -129,6 +131,8 @@ pub struct LeaseState {
     last_round_error: Option<String>,
     draining: bool,
     started_at_ms: i64,
+    /// Dead nodes (id, start of their run) whose unconfirmed claims this node released.
+    dead_handled: BTreeSet<(String, i64)>,
 }
 
 /// Why leases ran out unrenewed, as the operator reads it in the one line that says so.
@@ -198,6 +202,9 @@ impl LeaseState {
     /// A round finished: renewed leases extended, lost and released ones' workers stopped,
     /// acquired ones' workers started.
     async fn round_done(&mut self, myself: &ActorRef<LeaseMsg>, o: RoundOutcome) {
+        if !self.draining {
+            self.release_dead_claims(o.dead_nodes.clone());
+        }
         for (p, until) in o.renewed {
             self.valid_until.insert(p, until);
         }
@@ -231,6 +238,38 @@ impl LeaseState {
                 }
             }
         }
+    }
+
+    /// Releases the unconfirmed claims of nodes newly found dead (once per node run): their
+    /// dispatch buffers, tasks they sent to workers never heard from — READY again at once, not
+    /// a lease later. Every live node does it; the transactions keep it to one release each.
+    fn release_dead_claims(&mut self, dead: Vec<(String, i64)>) {
+        for node in &dead {
+            if !self.dead_handled.insert(node.clone()) {
+                continue;
+            }
+            let (ctx, id) = (self.ctx.clone(), node.0.clone());
+            tokio::spawn(async move {
+                match ctx.sched.release_orphaned_claims(&id, ctx.now_ms()).await {
+                    Ok(released) if released.is_empty() => {}
+                    Ok(released) => {
+                        tracing::info!(
+                            node = %id,
+                            released = released.len(),
+                            "released the attempts a dead node claimed and never handed over"
+                        );
+                        effects::orphans_released(&ctx, &released);
+                    }
+                    Err(e) => tracing::warn!(
+                        node = %id,
+                        error = %e,
+                        "releasing a dead node's unconfirmed claims failed; their lease checks will"
+                    ),
+                }
+            });
+        }
+        // Nodes dead for longer than their receipts are kept drop out of the list, and here.
+        self.dead_handled.retain(|n| dead.contains(n));
     }
 
     /// Stops every partition worker and releases every lease, so other nodes take over at once.
@@ -315,6 +354,7 @@ async fn run_round(
     }
     let now = ctx.now_ms();
     warn_of_skew(ctx, &nodes, now);
+    out.dead_nodes = recently_dead(&ctx.node_id, &nodes, now, c.node_ttl_ms as i64);
     let view = View {
         node_id: &ctx.node_id,
         region: &c.region,
@@ -333,6 +373,20 @@ async fn run_round(
     acquire(ctx, &plan, &mut out).await;
     release(ctx, plan, &still, &mut out).await;
     Ok(out)
+}
+
+/// Other nodes without a heartbeat for `ttl_ms`, dead for less than [`DEAD_NODE_CLAIMS_MS`]
+/// past that: (node id, start of their run).
+pub fn recently_dead(me: &str, nodes: &[NodeRecord], now: i64, ttl_ms: i64) -> Vec<(String, i64)> {
+    nodes
+        .iter()
+        .filter(|n| n.node_id != me)
+        .filter(|n| {
+            let silent = now - n.heartbeat_at_ms;
+            silent > ttl_ms && silent <= ttl_ms + DEAD_NODE_CLAIMS_MS
+        })
+        .map(|n| (n.node_id.clone(), n.started_at_ms))
+        .collect()
 }
 
 /// A heartbeat cannot come from the future: one further ahead than the bound means the clocks
@@ -438,6 +492,7 @@ impl Actor for LeaseManager {
             last_round_error: None,
             draining: false,
             started_at_ms,
+            dead_handled: BTreeSet::new(),
         };
         s.round(&myself);
         // Ticks come every period whether or not a round finished: a round stuck on an
@@ -552,6 +607,22 @@ mod tests {
             nodes,
             leases,
         }
+    }
+
+    #[test]
+    fn dead_nodes_are_named_until_their_receipts_are_gone() {
+        let ttl = 10_000;
+        let now = 1_000_000;
+        let nodes = [
+            node("me", "r", now - 50_000), // silent, but never counted: this node
+            node("alive", "r", now - ttl), // at the edge: not dead yet
+            node("dead", "r", now - ttl - 1), // just dead
+            node("older", "r", now - ttl - DEAD_NODE_CLAIMS_MS), // dead as long as receipts last
+            node("gone", "r", now - ttl - DEAD_NODE_CLAIMS_MS - 1), // its receipts are gone
+        ];
+        let dead: Vec<String> =
+            recently_dead("me", &nodes, now, ttl).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(dead, ["dead", "older"]);
     }
 
     #[test]

@@ -158,6 +158,9 @@ pub struct RoundOutcome {
     pub lost: Vec<PartitionId>,
     /// Partitions given up.
     pub released: Vec<PartitionId>,
+    /// Other nodes found dead (no heartbeat for `node_ttl_ms`) recently enough that their claim
+    /// receipts may still list attempts: (node id, when that run started).
+    pub dead_nodes: Vec<(String, i64)>,
 }
 
 /// Messages of the lease manager.

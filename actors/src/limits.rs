@@ -13,12 +13,14 @@ pub const DISPATCH_BUFFER_MAX: usize = 2_048;
 /// start 31 s after due instead of 4 s) and this was 2. docs/benchmarks.md.
 pub const DISPATCH_BUFFER_PER_SLOT: usize = 4;
 /// How long after its start a node releases the attempts its previous run claimed and never
-/// handed over (a SIGKILLed node's dispatch buffers; `Scheduler::release_orphaned_claims`):
-/// long enough for its workers to reconnect (their back-off is at most 2 s) and be heard from
-/// — the SDK's worker beats for every running task on reconnecting.
+/// handed over (a SIGKILLed node's dispatch buffers; `Scheduler::release_orphaned_claims`), and
+/// how long past `node_ttl_ms` the live nodes wait before releasing a dead node's: long enough
+/// for the workers to reconnect (their back-off is at most 2 s) and be heard from — the SDK's
+/// worker beats for every running task on reconnecting.
 pub const ORPHAN_RELEASE_AFTER_MS: u64 = 5_000;
-/// How long after its last heartbeat a dead node's claims are still looked for by the live
-/// nodes (`node_ttl_ms` plus this): the claim receipts naming them are kept 60 s.
+/// For how long, once a node is found dead (`node_ttl_ms` plus [`ORPHAN_RELEASE_AFTER_MS`]
+/// after its last heartbeat), the live nodes still look for its unconfirmed claims: the claim
+/// receipts naming them are kept 60 s.
 pub const DEAD_NODE_CLAIMS_MS: i64 = 60_000;
 /// Result (and heartbeat) transactions the batcher runs at once.
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;

@@ -23,7 +23,7 @@ use super::cron_owner::{CronOwnerArgs, CronShardOwner};
 use super::effects;
 use super::messages::{LeaseMsg, PartitionId, RoundOutcome};
 use super::shard_owner::{OwnerArgs, ShardOwner};
-use crate::limits::DEAD_NODE_CLAIMS_MS;
+use crate::limits::{DEAD_NODE_CLAIMS_MS, ORPHAN_RELEASE_AFTER_MS};
 
 /// What one round of lease management does (the pure core).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -375,15 +375,18 @@ async fn run_round(
     Ok(out)
 }
 
-/// Other nodes without a heartbeat for `ttl_ms`, dead for less than [`DEAD_NODE_CLAIMS_MS`]
-/// past that: (node id, start of their run).
+/// Other nodes without a heartbeat for `ttl_ms` plus [`ORPHAN_RELEASE_AFTER_MS`] (the time a
+/// restarted node gives its workers: here, for the dead node's workers to reach another node
+/// and beat for what they run), and for less than [`DEAD_NODE_CLAIMS_MS`] more: (node id,
+/// start of their run).
 pub fn recently_dead(me: &str, nodes: &[NodeRecord], now: i64, ttl_ms: i64) -> Vec<(String, i64)> {
+    let dead_after = ttl_ms + ORPHAN_RELEASE_AFTER_MS as i64;
     nodes
         .iter()
         .filter(|n| n.node_id != me)
         .filter(|n| {
             let silent = now - n.heartbeat_at_ms;
-            silent > ttl_ms && silent <= ttl_ms + DEAD_NODE_CLAIMS_MS
+            silent > dead_after && silent <= dead_after + DEAD_NODE_CLAIMS_MS
         })
         .map(|n| (n.node_id.clone(), n.started_at_ms))
         .collect()
@@ -613,12 +616,13 @@ mod tests {
     fn dead_nodes_are_named_until_their_receipts_are_gone() {
         let ttl = 10_000;
         let now = 1_000_000;
+        let after = ttl + ORPHAN_RELEASE_AFTER_MS as i64;
         let nodes = [
             node("me", "r", now - 50_000), // silent, but never counted: this node
-            node("alive", "r", now - ttl), // at the edge: not dead yet
-            node("dead", "r", now - ttl - 1), // just dead
-            node("older", "r", now - ttl - DEAD_NODE_CLAIMS_MS), // dead as long as receipts last
-            node("gone", "r", now - ttl - DEAD_NODE_CLAIMS_MS - 1), // its receipts are gone
+            node("alive", "r", now - ttl - 1), // dead, but its workers may still be reconnecting
+            node("dead", "r", now - after - 1),
+            node("older", "r", now - after - DEAD_NODE_CLAIMS_MS), // as long as receipts last
+            node("gone", "r", now - after - DEAD_NODE_CLAIMS_MS - 1), // its receipts are gone
         ];
         let dead: Vec<String> =
             recently_dead("me", &nodes, now, ttl).into_iter().map(|(id, _)| id).collect();

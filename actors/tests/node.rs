@@ -394,3 +394,76 @@ async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() 
     node.close_stream(session);
     node.stop().await;
 }
+
+const HELD: &str = r#"
+name: held
+version: 1
+timeouts: {lease: 600s}
+execution: {type: command, command: ["true"]}
+"#;
+
+/// A node killed holding claims it never handed over — tasks sent on a stream whose worker was
+/// never heard from, and its dispatch buffer — has them released by the surviving node once it
+/// counts as dead (node_ttl_ms + 5 s), not after their 10-minute lease.
+#[tokio::test(start_paused = true)]
+async fn a_dead_nodes_unconfirmed_claims_are_released_by_the_survivor() {
+    let c = cluster();
+    let (a, b) = (c.node("a").await, c.node("b").await);
+    let def = kairos_layer::definition::parse_definition(HELD).unwrap();
+    a.scheduler().register_definition(NS, def, "test").await.unwrap();
+    wait_for("shards split", || a.owned_shards().len() == SHARDS as usize / 2).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stream = WorkerStream {
+        namespace: NS.into(),
+        queue: "held".into(),
+        worker_id: "silent".into(),
+        lease_ms: None,
+        credits: 4,
+        tasks: tx,
+    };
+    a.open_stream(stream).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let mut r = submit_at(c.now(), i);
+        (r.definition, r.inputs) = ("held".into(), serde_json::json!({}));
+        ids.push(a.submit(r).await.unwrap().execution.id);
+    }
+    let mut handed = 0;
+    while handed < 4 {
+        handed += rx.recv().await.expect("tasks for the silent worker").len();
+    }
+    // Its buffer claims ahead: more RUNNING than the stream got.
+    let mut running = 0;
+    for _ in 0..50 {
+        running = 0;
+        for id in &ids {
+            running += usize::from(
+                b.scheduler().get(NS, id).await.unwrap().status() == ExecutionStatus::Running,
+            );
+        }
+        if running > handed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(running > handed, "a buffer beside the {handed} tasks: {running} RUNNING");
+    let killed = c.now();
+    a.kill().await;
+    let mut done = 0;
+    while done < ids.len() {
+        let mut p = poll("w", 64);
+        p.queue = "held".into();
+        for got in b.poll(p).await.expect("poll") {
+            let token = got.attempt.fencing_token;
+            b.complete(NS, &got.execution.id, token, Vec::new(), String::new()).await.unwrap();
+            done += 1;
+        }
+    }
+    let after = c.now() - killed;
+    println!(
+        "{} executions, {running} RUNNING at the kill: all done {after} ms after it",
+        ids.len()
+    );
+    assert!(after < 60_000, "all done {after} ms after the kill: not released before their lease");
+    b.stop().await;
+}

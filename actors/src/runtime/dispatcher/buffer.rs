@@ -3,8 +3,8 @@
 //! at most 2,048 — *unassigned* (no worker named yet), so a credit coming back with a result is
 //! answered with a task at once instead of after a claim transaction. A buffered attempt is
 //! named by its worker's first heartbeat or result; if the node dies holding it, the node
-//! releases it when it restarts (`release_orphaned_claims`, started in `boot.rs`), or its lease
-//! check does a lease later if the node does not come back; it is released uncounted (it never
+//! releases it when it restarts (`release_orphaned_claims`, started in `boot.rs`), or the live
+//! nodes do once it counts as dead (`lease_manager.rs`); it is released uncounted (it never
 //! ran). Items older than half their lease are released, and a queue whose streams all closed
 //! gives its buffer back. The buffer is also a slot in the ledger, so fires fill it when no
 //! worker waits.

@@ -22,6 +22,20 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Spawns `bin dev --log warn` on `dir`, listening on 127.0.0.1 at `http` and `grpc`, its
+/// output discarded (not waited for).
+pub fn spawn_dev(bin: &str, dir: &Path, http: u16, grpc: u16) -> Killed {
+    let child = Command::new(bin)
+        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
+        .args(["--listen-http", &format!("127.0.0.1:{http}")])
+        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kairos starts");
+    Killed(child)
+}
+
 /// A running `kairos dev` node.
 pub struct DevNode {
     /// The process (dropping the node SIGKILLs it).
@@ -37,16 +51,8 @@ impl DevNode {
     /// discarded, and waits up to 30 s until `/healthz` says it owns all 64 shards.
     pub async fn start(bin: &str, dir: &Path) -> DevNode {
         let (http, grpc) = (free_port(), free_port());
-        let child = Command::new(bin)
-            .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
-            .args(["--listen-http", &format!("127.0.0.1:{http}")])
-            .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("kairos starts");
-        let node =
-            DevNode { process: Killed(child), http, endpoint: format!("http://127.0.0.1:{grpc}") };
+        let process = spawn_dev(bin, dir, http, grpc);
+        let node = DevNode { process, http, endpoint: format!("http://127.0.0.1:{grpc}") };
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(30) {
             if let Ok((200, body)) = crate::http_request(http, "GET", "/healthz", &[], b"")

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port, spawn_dev};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
@@ -301,15 +301,7 @@ fn closed_stdout(bin: &str, args: &[&str]) -> Run {
 
 fn start_node(dir: &Path) -> (Killed, String) {
     let (http, grpc) = (free_port(), free_port());
-    let child = Command::new(KAIROS)
-        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
-        .args(["--listen-http", &format!("127.0.0.1:{http}")])
-        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kairos starts");
-    let node = Killed(child);
+    let node = spawn_dev(KAIROS, dir, http, grpc);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(20) {
         if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"")

@@ -4,7 +4,7 @@
 //! naming the namespace, the console switching namespace, and `/metrics` help texts.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port, spawn_dev};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,15 +43,7 @@ fn ctl_with(args: &[&str], input: Option<&str>) -> Run {
 /// A `kairos dev` node: (the process, its HTTP port, its gRPC `host:port` without a scheme).
 fn start_node(dir: &std::path::Path) -> (Killed, u16, String) {
     let (http, grpc) = (free_port(), free_port());
-    let child = Command::new(KAIROS)
-        .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
-        .args(["--listen-http", &format!("127.0.0.1:{http}")])
-        .args(["--listen-grpc", &format!("127.0.0.1:{grpc}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let node = Killed(child);
+    let node = spawn_dev(KAIROS, dir, http, grpc);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) {
         if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/readyz", &[], b"")

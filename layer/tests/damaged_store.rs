@@ -205,3 +205,33 @@ async fn the_record_check_reports_what_it_read_before_the_damage() {
     }
     eprintln!("{stopped} of 8 damaged stores could not be read to their end");
 }
+
+/// The engine's check of an existing, unlocked store never fails outright, whatever the damage:
+/// a file the engine cannot read to the length its own header gives (a damaged length or page
+/// number sends a read past the end) is damage, reported as such — never "cannot read" as if the
+/// disk were at fault. And the open of such a store for serving says it is damaged too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_check_reports_any_damage_as_damage_never_as_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pristine = dir.path().join("pristine.redb");
+    make_store(&pristine).await;
+    let mut damaged = 0;
+    for seed in 0..48 {
+        let path = dir.path().join(format!("kv-{seed}.redb"));
+        let served = dir.path().join(format!("served-{seed}.redb"));
+        std::fs::copy(&pristine, &path).unwrap();
+        damage(&path, 300 + seed);
+        std::fs::copy(&path, &served).unwrap();
+        match check_file(&path) {
+            Ok(EngineCheck::Damaged(_)) => damaged += 1,
+            Ok(_) => continue,
+            Err(e) => panic!("seed {seed}: damage reported as an error: {e}"),
+        }
+        let (edb, db) = open(&served, VerifyAtOpen::WhenInDoubt);
+        assert!(matches!(edb.integrity(), Integrity::Damaged { .. }), "seed {seed}");
+        assert!(matches!(db.health(), StoreHealth::Failed { .. }), "seed {seed}");
+        db.close().await;
+    }
+    eprintln!("{damaged} of 48 damaged copies found damaged");
+    assert!(damaged > 0);
+}

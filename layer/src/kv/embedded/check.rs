@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::contain::contain;
+use super::engine::is_read_past_end;
 use super::integrity;
 
 /// What the engine's check found.
@@ -40,6 +41,12 @@ pub fn check_file(path: &Path) -> Result<EngineCheck, String> {
             }
             Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(why))) => {
                 return Ok((EngineCheck::Damaged(format!("opening: {why}")), false));
+            }
+            Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))
+                if is_read_past_end(&e) =>
+            {
+                let why = format!("opening: a read past the end of the file ({e})");
+                return Ok((EngineCheck::Damaged(why), false));
             }
             Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))) => {
                 return Err(format!("cannot read {}: {e}", path.display()));

@@ -69,6 +69,12 @@ fn is_disk_full(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(28)
 }
 
+/// Whether an I/O error of the engine opening an existing file says the file ends before what
+/// its own header points to: a damaged length or page number, never a fault of the disk.
+pub(crate) fn is_read_past_end(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::UnexpectedEof
+}
+
 /// How an engine I/O error's message starts (after it, redb must be re-opened).
 const IO_ERROR: &str = "I/O error";
 
@@ -192,6 +198,9 @@ impl Engine {
             }
             redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
                 Opened::Damaged(why.clone())
+            }
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_read_past_end(io) => {
+                Opened::Damaged(format!("a read past the end of the file ({io})"))
             }
             _ => {
                 Opened::Failed(Error::Storage(format!("cannot open {}: {e}", self.path.display())))

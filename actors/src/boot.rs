@@ -57,6 +57,7 @@ impl Node {
             cron_metrics: Arc::default(),
             batcher: Batcher::start(sched.clone()),
             matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
+            held: Arc::default(),
             sched,
             clock,
             metrics,

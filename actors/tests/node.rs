@@ -372,25 +372,71 @@ async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() 
         .await
         .unwrap();
     let id = node.submit(submit_at(c.now(), 1)).await.unwrap().execution.id;
-    // Nobody can take it: it waits on the ready queue.
-    for _ in 0..50 {
-        if node.scheduler().get(NS, &id).await.unwrap().status() == ExecutionStatus::Ready {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(node.scheduler().get(NS, &id).await.unwrap().status(), ExecutionStatus::Ready);
+    // Nobody can take it: it waits — held due for this node's own busy worker (the node is
+    // alone: nothing READY for other nodes' workers), not started.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let status = node.scheduler().get(NS, &id).await.unwrap().status();
+    assert_eq!(status, ExecutionStatus::Scheduled, "held for the busy worker");
     assert!(rx.try_recv().is_err(), "no task for a stream without credits");
     // A task from before finishes: its result frees a slot.
     let t0 = c.now();
     node.stream_credits(session, 1);
     let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
         .await
-        .expect("the READY execution reaches the stream once it has a free slot")
+        .expect("the waiting execution reaches the stream once it has a free slot")
         .expect("the stream is open");
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].execution.id, id);
-    assert!(c.now() - t0 < 1_000, "claimed at once, not after some timeout");
+    assert!(c.now() - t0 < 1_000, "started at once, not after some timeout");
+    node.close_stream(session);
+    node.stop().await;
+}
+
+/// Issue 21, step 3: a burst due at one instant, one worker stream with 8 slots. A node alone
+/// holds what its worker cannot take yet and starts it at a later fire when the worker returns
+/// credits: every execution starts at its fire (no READY write, no claim), once, in due order
+/// per shard; the store stays consistent.
+#[tokio::test(start_paused = true)]
+async fn a_burst_for_a_busy_worker_is_started_at_fire_as_room_appears() {
+    let c = cluster();
+    let node = c.node("a").await;
+    wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // the lease manager knows it is alone
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let session = node
+        .open_stream(WorkerStream {
+            namespace: NS.into(),
+            queue: "job".into(),
+            worker_id: "w".into(),
+            lease_ms: None,
+            credits: 8,
+            tasks: tx,
+        })
+        .await
+        .unwrap();
+    let due = c.now() + 1_000;
+    let n = 400;
+    for i in 0..n {
+        node.submit(submit_at(due, i)).await.unwrap();
+    }
+    let (mut done, mut seen) = (0, std::collections::BTreeSet::new());
+    while done < n {
+        let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("work keeps coming")
+            .expect("the stream is open");
+        for t in got {
+            assert!(seen.insert(t.execution.id.clone()), "each started once");
+            let token = t.attempt.fencing_token;
+            node.complete(NS, &t.execution.id, token, Vec::new(), String::new()).await.unwrap();
+            node.stream_credits(session, 1);
+            done += 1;
+        }
+    }
+    let matched = node.metrics().matched_at_fire.load(std::sync::atomic::Ordering::Relaxed);
+    let claimed = node.metrics().claimed.load(std::sync::atomic::Ordering::Relaxed);
+    println!("{n} due at once, 8 slots: {matched} started at their fire, {claimed} delivered");
+    assert_eq!(matched, n as u64, "every execution started at its fire: none READY, none claimed");
     node.close_stream(session);
     node.stop().await;
 }

@@ -661,3 +661,127 @@ async fn a_fire_starts_executions_for_its_offered_slots_in_order_and_readies_the
     let claimed = w.sched.claim_for(NS, "report", "w3", 100, None).await.unwrap();
     assert_eq!(claimed.len(), ready, "the rest are READY for any worker");
 }
+
+/// Step 3 of issue 21: a fire holding a queue starts what its offer has room for, leaves the
+/// rest of that queue due (SCHEDULED, timers in place, never READY) for later fires with room,
+/// readies other queues as before, and never holds an execution longer than `HOLD_MS_MAX`.
+#[tokio::test]
+async fn a_held_queue_starts_only_with_room_and_nothing_is_held_too_long() {
+    use kairos_layer::limits::HOLD_MS_MAX;
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::fire::Offer;
+    use kairos_layer::ops::hold::Hold;
+    let w = world(32, FaultConfig::none()).await;
+    let submit = |i: usize| w.sched.submit(request(Some(&format!("h{i}")), w.now_ms() + 1_000));
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(submit(i).await.unwrap().execution.id);
+    }
+    w.advance_ms(1_000);
+    let hold = Hold::queues([(NS.to_string(), "report".to_string())]);
+    let slot = ClaimSlot { worker_id: "w1".into(), max: 1, lease_ms: None };
+    let offer: Offer = [((NS.to_string(), "report".to_string()), vec![slot])].into();
+    let (mut started, mut rounds) = (std::collections::BTreeSet::new(), 0);
+    while started.len() < ids.len() {
+        rounds += 1;
+        assert!(rounds <= 20, "every held execution starts once there is room");
+        for shard in 0..SHARDS {
+            let (epoch, now) = (w.epochs[shard as usize], w.now_ms());
+            let out =
+                w.sched.fire_due_holding(shard, epoch, now, 100, &offer, &hold).await.unwrap();
+            assert!(out.matched.len() <= 1, "at most the room offered");
+            assert!(!out.more, "held rows do not ask to fire again at once");
+            for m in out.matched {
+                assert!(started.insert(m.claim.execution.id.clone()), "started once");
+            }
+        }
+        for id in &ids {
+            let e = w.sched.get(NS, id).await.unwrap();
+            let status = e.status();
+            assert!(
+                status == ExecutionStatus::Scheduled || status == ExecutionStatus::Running,
+                "held or started, never READY: {status:?}"
+            );
+            assert_eq!(status == ExecutionStatus::Running, started.contains(id));
+            assert!(e.timer.is_some(), "a held execution keeps its timer");
+        }
+        w.check_invariants().await;
+    }
+    assert!(rounds > 1, "the room of one fire did not start them all");
+
+    // A queue not held is readied as before.
+    let other = submit(99).await.unwrap().execution.id;
+    w.advance_ms(1_000);
+    let elsewhere = Hold::queues([(NS.to_string(), "elsewhere".to_string())]);
+    for shard in 0..SHARDS {
+        let (epoch, now) = (w.epochs[shard as usize], w.now_ms());
+        let none = Offer::new();
+        let out = w.sched.fire_due_holding(shard, epoch, now, 100, &none, &elsewhere).await;
+        assert_eq!(out.unwrap().held, 0);
+    }
+    let e = w.sched.get(NS, &other).await.unwrap();
+    assert_eq!(e.status(), ExecutionStatus::Ready, "a queue not held is readied as before");
+
+    // Held longer than HOLD_MS_MAX: made READY, even with no room (and the watermark did not
+    // pass them by while they were held).
+    let mut late = Vec::new();
+    for i in 100..104 {
+        late.push(submit(i).await.unwrap().execution.id);
+    }
+    w.advance_ms(1_000);
+    let empty = Offer::new();
+    let mut held = 0;
+    for shard in 0..SHARDS {
+        let (epoch, now) = (w.epochs[shard as usize], w.now_ms());
+        held += w.sched.fire_due_holding(shard, epoch, now, 100, &empty, &hold).await.unwrap().held;
+    }
+    assert_eq!(held, late.len(), "no room: all held");
+    w.advance_ms(HOLD_MS_MAX as u64 + 1_000);
+    let mut ready = 0;
+    for shard in 0..SHARDS {
+        let (epoch, now) = (w.epochs[shard as usize], w.now_ms());
+        let out = w.sched.fire_due_holding(shard, epoch, now, 100, &empty, &hold).await.unwrap();
+        assert_eq!(out.held, 0);
+        let late_ready = |f: &&kairos_layer::ops::fire::Fired| {
+            f.status == ExecutionStatus::Ready && late.contains(&f.execution_id)
+        };
+        ready += out.fired.iter().filter(late_ready).count();
+    }
+    assert_eq!(ready, late.len(), "held too long: READY for any worker");
+    w.check_invariants().await;
+}
+
+/// A narrow fire (woken by room) reads about as many due rows as its room, not the backlog:
+/// it starts what the room allows, in due order, holds what it read beyond that, and does not
+/// ask to be called again at once; full fires still see (and hold) the whole backlog.
+#[tokio::test]
+async fn a_narrow_fire_reads_in_proportion_to_its_room_not_to_the_backlog() {
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::fire::Offer;
+    use kairos_layer::ops::hold::{Hold, NARROW_EXTRA_ROWS};
+    let w = world(33, FaultConfig::none()).await;
+    let due = w.now_ms() + 1_000;
+    let n = 60 * SHARDS as usize;
+    for i in 0..n {
+        w.sched.submit(request(Some(&format!("b{i}")), due)).await.unwrap();
+    }
+    w.advance_ms(1_000);
+    let full = Hold::queues([(NS.to_string(), "report".to_string())]);
+    let narrow = Hold { narrow: true, ..full.clone() };
+    let slot = ClaimSlot { worker_id: "w1".into(), max: 2, lease_ms: None };
+    let offer: Offer = [((NS.to_string(), "report".to_string()), vec![slot])].into();
+    let (mut started, mut backlog) = (0, 0);
+    for shard in 0..SHARDS {
+        let (epoch, now) = (w.epochs[shard as usize], w.now_ms());
+        let out = w.sched.fire_due_holding(shard, epoch, now, 100, &offer, &full).await.unwrap();
+        started += out.matched.len();
+        backlog = backlog.max(out.held);
+        let out = w.sched.fire_due_holding(shard, epoch, now, 100, &offer, &narrow).await.unwrap();
+        assert!(out.held <= NARROW_EXTRA_ROWS, "a narrow fire holds only what it read");
+        assert!(!out.more, "it waits for room, not called again at once");
+        started += out.matched.len();
+    }
+    assert!(backlog > NARROW_EXTRA_ROWS + 2, "a full fire sees the backlog ({backlog})");
+    assert_eq!(started, 4 * SHARDS as usize, "two per fire, every fire");
+    w.check_invariants().await;
+}

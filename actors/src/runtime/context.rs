@@ -16,6 +16,7 @@ use ractor::{ActorId, ActorRef, Message};
 
 use super::batcher::Batcher;
 use super::cron_api::SdkExecutions;
+use super::held::Held;
 use super::matchmaker::Matchmaker;
 use super::messages::{CronMsg, DispatcherMsg, OwnerMsg};
 use crate::server::config::NodeConfig;
@@ -38,6 +39,8 @@ pub struct Ctx {
     pub routes: Arc<Routes>,
     /// Waiting workers' credits (fire transactions match executions to them).
     pub matchmaker: Arc<Matchmaker>,
+    /// Shard owners holding due executions for this node's busy workers.
+    pub held: Arc<Held>,
     /// Results and heartbeats, batched into few transactions.
     pub batcher: Batcher,
     /// The executions API as the cron service reaches it (the SDK client, in process).
@@ -95,6 +98,13 @@ impl Routes {
         if let Some(o) = owner {
             let _ = o.send_message(OwnerMsg::Hint(timer));
         }
+    }
+
+    /// Tells the local owner of `shard` (if any) that its held executions may have room now;
+    /// `false` when no owner of it is here.
+    pub(super) fn room(&self, shard: u32) -> bool {
+        let owner = self.owners.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned();
+        owner.is_some_and(|o| o.send_message(OwnerMsg::Room).is_ok())
     }
 
     /// Tells the local dispatcher that a queue has new ready work.

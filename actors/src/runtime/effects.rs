@@ -198,6 +198,16 @@ pub(crate) fn fired(
     hint_ready(ctx, &out.fired);
 }
 
+/// Room appeared for held executions (a worker's credits, a drained dispatch buffer, or what a
+/// fire left unused): the first shard owner waiting for room is told.
+pub(crate) fn room(ctx: &Ctx) {
+    while let Some(shard) = ctx.held.next() {
+        if ctx.routes.room(shard) {
+            return;
+        }
+    }
+}
+
 /// Settles a fire's offer: per queue, what it matched goes to the dispatcher (which marks the
 /// grants used as it delivers), the rest of the offer goes back to the ledger now.
 fn deliver_matched(ctx: &Ctx, shard: u32, out: &FireOutcome, offer: BTreeMap<QueueKey, Reserved>) {

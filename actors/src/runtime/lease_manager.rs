@@ -354,6 +354,9 @@ async fn run_round(
     }
     let now = ctx.now_ms();
     warn_of_skew(ctx, &nodes, now);
+    let ttl = c.node_ttl_ms as i64;
+    let others = nodes.iter().any(|n| n.node_id != ctx.node_id && now - n.heartbeat_at_ms <= ttl);
+    ctx.held.set_alone(!others);
     out.dead_nodes = recently_dead(&ctx.node_id, &nodes, now, c.node_ttl_ms as i64);
     let view = View {
         node_id: &ctx.node_id,

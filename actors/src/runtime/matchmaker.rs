@@ -133,6 +133,27 @@ impl Matchmaker {
         })
     }
 
+    /// Queues this node's workers serve (a worker stream or a waiting poll), with or without
+    /// credits now: the queues a fire may hold back for them (`super::held`).
+    pub fn local_queues(&self) -> std::collections::BTreeSet<QueueKey> {
+        let m = self.lock();
+        m.iter()
+            .filter(|(_, q)| q.slots.values().any(|s| !s.buffer))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Whether any queue's waiting workers (or dispatch buffer) hold credits now.
+    pub fn has_room(&self) -> bool {
+        !self.hungry().is_empty()
+    }
+
+    /// Whether `q`'s waiting workers (or dispatch buffer) hold credits now.
+    pub fn has_room_for(&self, q: &QueueKey) -> bool {
+        let m = self.lock();
+        m.get(q).is_some_and(|q| q.room() > 0 && q.slots.values().any(|s| s.credits > 0))
+    }
+
     /// Queues whose waiting workers hold credits.
     fn hungry(&self) -> Vec<QueueKey> {
         let m = self.lock();

@@ -113,6 +113,8 @@ pub enum OwnerMsg {
     Fired(Result<FireOutcome, Error>, i64),
     /// A window load up to the given time finished.
     Loaded(Result<(Vec<TimerKey>, bool), Error>, i64),
+    /// The node's workers have room: fire the executions the last fire held back.
+    Room,
 }
 
 /// Messages of an execution timer.

@@ -18,6 +18,7 @@ use super::Scheduler;
 use super::budget;
 use super::claim::{ClaimSlot, Claimed, RECEIPT_KEEP_MS, Receipt, SlotFiller, load_receipt};
 use super::error::{Error, Result};
+use super::hold::{Hold, HoldRoom};
 use super::leases::check_epoch;
 use super::records::{decode, encode, load_execution, watermark};
 use super::worker::{attempt_deadline_ms, attempt_timeout_at_ms};
@@ -80,6 +81,11 @@ pub struct FireOutcome {
     pub watermark: i64,
     /// More timers may be due than the limit allowed: call again.
     pub more: bool,
+    /// Due executions of held queues left as they were, for a later fire with room
+    /// ([`Scheduler::fire_due_holding`]).
+    pub held: usize,
+    /// The queues of the executions held.
+    pub held_queues: Vec<(String, String)>,
 }
 
 /// What one due timer turned into, before matching.
@@ -118,6 +124,21 @@ impl Scheduler {
         limit: usize,
         offer: &Offer,
     ) -> Result<FireOutcome> {
+        self.fire_due_holding(shard, epoch, now_ms, limit, offer, &Hold::default()).await
+    }
+
+    /// [`Self::fire_due`], holding back the due executions of the queues in `hold` beyond what
+    /// `offer` starts for them (see [`super::hold`]): they stay due, counted in
+    /// [`FireOutcome::held`], and the watermark stays at their bucket.
+    pub async fn fire_due_holding(
+        &self,
+        shard: u32,
+        epoch: u64,
+        now_ms: i64,
+        limit: usize,
+        offer: &Offer,
+        hold: &Hold,
+    ) -> Result<FireOutcome> {
         let limit = limit.clamp(1, FIRE_BATCH_MAX);
         // A receipt for the matched attempts, chosen outside the retry loop: a retry after an
         // unknown commit result hands out what the committed try matched, to the same slots.
@@ -139,7 +160,10 @@ impl Scheduler {
                 )
                 .await?;
                 let () = owner;
-                let (rows, mut out) = self.due_rows(&tx, shard, wm, now_ms, limit).await?;
+                let mut room = HoldRoom::new(hold, offer, now_ms);
+                let (rows, mut out) =
+                    self.due_rows(&tx, (shard, wm, now_ms, limit), &mut room).await?;
+                out.held_queues = room.map(|r| r.held.into_iter().collect()).unwrap_or_default();
                 let keys: Vec<(i64, Bytes)> =
                     rows.iter().map(|(b, kv)| (*b, kv.key.clone())).collect();
                 let steps = self.steps(&tx, rows.into_iter().map(|(_, kv)| kv).collect()).await?;
@@ -241,13 +265,13 @@ impl Scheduler {
     /// bucket of each; the outcome starts with the watermark the drained buckets allow. The
     /// buckets are read concurrently, in waves growing from one to
     /// [`FIRE_BUCKET_READS_CONCURRENT_MAX`] (a full first bucket reads nothing more).
+    /// Rows `room` holds back are not returned; the watermark stays at the first bucket that
+    /// holds any.
     async fn due_rows(
         &self,
         tx: &Transaction,
-        shard: u32,
-        wm: i64,
-        now_ms: i64,
-        limit: usize,
+        (shard, wm, now_ms, limit): (u32, i64, i64, usize),
+        room: &mut Option<HoldRoom>,
     ) -> Result<(Vec<(i64, KeyValue)>, FireOutcome)> {
         let now_bucket = bucket_of(now_ms, self.config.bucket_width_ms);
         let last = now_bucket.min(wm.saturating_add(FIRE_BUCKETS_PER_CALL_MAX - 1));
@@ -256,21 +280,27 @@ impl Scheduler {
         let (mut next, mut wave) = (wm, 1);
         while next <= last {
             let upto = last.min(next + wave - 1);
-            let scan = self.fair_scan_rows.max(limit - rows.len());
+            let narrow = room.as_ref().and_then(|r| r.narrow_scan);
+            let scan = narrow.unwrap_or(self.fair_scan_rows.max(limit - rows.len()));
             let reads = (next..=upto).map(|bucket| {
                 let range = self.ks.timers_due(bucket, shard, now_ms).limit(scan + 1);
                 async move { Ok::<_, Error>((bucket, tx.get_range(&range, true).await?, range)) }
             });
             for (bucket, got, range) in futures_util::future::try_join_all(reads).await? {
-                let done = self.take_bucket(tx, got, scan, limit, &mut rows, bucket)?;
+                let (done, held) =
+                    self.take_bucket(tx, got, (scan, limit), &mut rows, bucket, room)?;
+                out.held += held;
                 if !done {
-                    out.more = true;
+                    // A narrow fire that held rows stops here and waits for room: what it did
+                    // not read is the held queues' backlog, or waits for the next full fire.
+                    out.more = narrow.is_none() || out.held == 0 || rows.len() >= limit;
                     return Ok((rows, out));
                 }
                 // Every timer of a past bucket is due (later ones land in later buckets), so a
                 // past bucket is now empty and the watermark may pass it: the whole bucket is a
                 // read conflict then (a timer written there meanwhile keeps it from passing).
-                if bucket < now_bucket {
+                // Not past a bucket with held rows, nor any after it.
+                if bucket < now_bucket && out.held == 0 {
                     tx.add_read_conflict_range(&range.begin, &range.end)?;
                     out.watermark = bucket + 1;
                 }
@@ -284,24 +314,30 @@ impl Scheduler {
 
     /// Takes what is left of `limit` from one bucket's snapshot read of up to `scan` due timers
     /// (shared between namespaces), each taken with a read conflict; `false` if the bucket holds
-    /// more than was taken.
+    /// more than was taken and held back. Rows are held back (counted) only when the read saw
+    /// the whole bucket.
     fn take_bucket(
         &self,
         tx: &Transaction,
         mut got: Vec<KeyValue>,
-        scan: usize,
-        limit: usize,
+        (scan, limit): (usize, usize),
         rows: &mut Vec<(i64, KeyValue)>,
         bucket: i64,
-    ) -> Result<bool> {
+        room: &mut Option<HoldRoom>,
+    ) -> Result<(bool, usize)> {
         let cut = got.len() > scan;
         got.truncate(scan);
+        let mut held = 0;
+        if let Some(room) = room.as_mut().filter(|r| !cut || r.narrow_scan.is_some()) {
+            let fire_at = |key: &[u8]| self.ks.parse_timer(key).ok().map(|t| t.fire_at_ms);
+            (got, held) = room.filter(got, fire_at);
+        }
         let (picked, skipped) = fair_pick(got, limit - rows.len(), &self.fire_weights);
         for kv in picked {
             tx.add_read_conflict_key(&kv.key)?;
             rows.push((bucket, kv));
         }
-        Ok(!cut && !skipped)
+        Ok((!cut && !skipped, held))
     }
 
     /// Decodes due timer rows and loads their executions (concurrently); the caller clears the

@@ -30,6 +30,7 @@ pub mod cursor;
 pub mod definitions;
 pub mod error;
 pub mod fire;
+pub mod hold;
 pub mod leases;
 pub(crate) mod migrate;
 pub mod orphans;

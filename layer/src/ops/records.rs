@@ -170,7 +170,11 @@ impl Scheduler {
         let bucket = bucket_of(fire_at_ms, self.config.bucket_width_ms).max(wm);
         assert!(bucket >= wm, "a timer below its shard's watermark would never fire");
         let t = TimerRef { fire_at_ms, bucket, kind: kind as i32 };
-        let entry = TimerEntry { kind: kind as i32, namespace: e.namespace.clone() };
+        // The queue lets a fire hold back a due execution without reading it (`ops::hold`);
+        // a lease check is never held.
+        let startable = matches!(kind, TimerKind::Due | TimerKind::Retry);
+        let queue = if startable { e.queue.clone() } else { String::new() };
+        let entry = TimerEntry { kind: kind as i32, namespace: e.namespace.clone(), queue };
         tx.set(&self.ks.timer(&timer_key(e, &t)), &encode(&entry))?;
         e.timer = Some(t);
         Ok(())

@@ -45,8 +45,15 @@ impl Core {
 
     /// Decides what `event` leads to, at `now`.
     pub fn apply(&mut self, ledger: &Matchmaker, now: i64, event: Event) -> Vec<Action> {
+        let makes_room = matches!(
+            event,
+            Event::Poll(..) | Event::Open(_) | Event::Credits(..) | Event::Finished(..)
+        );
         let mut a = Apply { core: self, ledger, now, out: Vec::new() };
         a.event(event);
+        if makes_room && ledger.has_room() {
+            a.out.push(Action::Room);
+        }
         a.out
     }
 

@@ -77,6 +77,7 @@ impl DispatcherState {
             Action::Refill(q, slots) => self.refill(myself, q, slots),
             Action::Watch(q) => self.watch(myself, q),
             Action::Release(claimed) => effects::release(&self.ctx, claimed),
+            Action::Room => effects::room(&self.ctx),
             Action::Later(after, timer) => {
                 let msg = match timer {
                     Timer::Expire(id) => DispatcherMsg::Expire(id),

@@ -104,6 +104,8 @@ pub enum Action {
     ClaimFailed(QueueKey, u32, Error),
     /// Work of another queue was about to go to waiting worker `id` (kept back; a bug).
     Misrouted(u64, QueueKey, usize),
+    /// Waiting workers have room: wake a shard owner holding executions for them.
+    Room,
 }
 
 /// How long a poll that got work waits for more reserved for it before answering.

@@ -57,6 +57,10 @@ pub struct OwnerState {
     /// burst commits in a small, fast transaction), doubling while more is due, up to
     /// `fire_batch`.
     batch: usize,
+    /// Due executions the last fire held back for this node's busy workers (`super::held`).
+    held: usize,
+    /// Woken by room for them: the next fire is narrow (`Hold::narrow`).
+    room: bool,
 }
 
 /// Timers in the first fire transaction after a quiet spell.
@@ -93,13 +97,17 @@ impl OwnerState {
 
     /// Fires the shard's due timers with an offer of up to `expected` (at most a batch) of each
     /// hungry queue's waiting workers, reserved now; the effects follow in the task.
+    /// Executions the last fire held count as expected.
     fn fire(&mut self, myself: &ActorRef<OwnerMsg>, now: i64, expected: usize) {
-        let reserved = self.ctx.matchmaker.offer(expected.min(self.batch));
+        let want = expected.max(self.held).min(self.batch);
+        let reserved = self.ctx.matchmaker.offer(want);
         let offer: Offer = reserved.iter().map(|(q, r)| (q.clone(), r.slots.clone())).collect();
+        let narrow = std::mem::take(&mut self.room) && self.held > 0;
+        let hold = self.ctx.held.hold(&self.ctx.matchmaker, narrow);
         let (ctx, me) = (self.ctx.clone(), myself.clone());
         let (shard, epoch, batch) = (self.shard, self.epoch, self.batch);
         tokio::spawn(async move {
-            let r = ctx.sched.fire_due(shard, epoch, now, batch, &offer).await;
+            let r = ctx.sched.fire_due_holding(shard, epoch, now, batch, &offer, &hold).await;
             effects::fired(&ctx, shard, &r, reserved);
             let _ = me.send_message(OwnerMsg::Fired(r, now));
         });
@@ -156,9 +164,19 @@ impl OwnerState {
             }
         }
         let most = self.ctx.config.fire_batch;
-        self.batch = if out.more { (self.batch * 2).min(most) } else { FIRST_FIRE_BATCH.min(most) };
+        let busy = out.more || out.held > 0;
+        self.batch = if busy { (self.batch * 2).min(most) } else { FIRST_FIRE_BATCH.min(most) };
         assert!(self.batch >= 1 && self.batch <= most.max(1), "a fire batch within its bound");
         self.window.fired(at, out.more);
+        self.held = out.held;
+        if out.held > 0 {
+            // Wait for room behind the owners already waiting; if a queue it held still has
+            // room (its offer was smaller than the room), the next owner may use it now.
+            self.ctx.held.wait(self.shard);
+            if out.held_queues.iter().any(|q| self.ctx.matchmaker.has_room_for(q)) {
+                effects::room(&self.ctx);
+            }
+        }
     }
 
     /// A fire failed: ownership lost stops the owner (`true`); anything else is retried with
@@ -227,6 +245,8 @@ impl Actor for ShardOwner {
             timers: BTreeMap::new(),
             by_actor: BTreeMap::new(),
             batch: first_batch,
+            held: 0,
+            room: false,
         };
         state.evaluate(&myself);
         Ok(state)
@@ -263,6 +283,10 @@ impl Actor for ShardOwner {
                 }
             }
             OwnerMsg::Loaded(r, until) => state.loaded(r, until),
+            OwnerMsg::Room => {
+                state.room = true;
+                state.window.poke();
+            }
         }
         state.evaluate(&myself);
         Ok(())

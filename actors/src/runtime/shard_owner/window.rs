@@ -45,6 +45,9 @@ pub struct Window {
     fire_not_before: i64,
     load_failures: u32,
     load_not_before: i64,
+    /// Fire at the next decision even if nothing is known due (room appeared for executions a
+    /// fire held back).
+    poked: bool,
 }
 
 /// The pause after `failures` failures in a row: the poll interval, doubling, at most
@@ -71,6 +74,7 @@ impl Window {
             fire_not_before: i64::MIN,
             load_failures: 0,
             load_not_before: i64::MIN,
+            poked: false,
         }
     }
 
@@ -154,14 +158,21 @@ impl Window {
         self.fire_not_before = now.saturating_add(retry_pause(self.poll_ms, self.fire_failures));
     }
 
+    /// Fire at the next decision (once no fire is in progress and failures allow), whatever
+    /// the window knows is due.
+    pub fn poke(&mut self) {
+        self.poked = true;
+    }
+
     /// What to do at `now`; marks started fires and loads as in progress.
     pub fn decide(&mut self, now: i64) -> Vec<OwnerAction> {
         let mut out = Vec::new();
         let head_due = self.head().is_some_and(|t| t <= now);
         let poll_due = now >= self.last_fire.saturating_add(self.poll_ms);
         let fire_allowed = now >= self.fire_not_before;
-        if !self.firing && fire_allowed && (head_due || poll_due) {
+        if !self.firing && fire_allowed && (head_due || poll_due || self.poked) {
             self.firing = true;
+            self.poked = false;
             // What the window knows is due: a fire reserves waiting workers for that many (what
             // a poll's fire finds written elsewhere becomes READY, for a claim).
             let expected = self.due.range(..(now + 1, String::new())).count();
@@ -198,6 +209,25 @@ mod tests {
 
     fn w() -> Window {
         Window::new(1_000, 30_000, 1_000, 3)
+    }
+
+    #[test]
+    fn a_poke_fires_once_nothing_is_firing() {
+        let mut w = w();
+        w.decide(1_000);
+        w.fired(1_000, false);
+        w.loaded(vec![], 31_000, false);
+        w.poke();
+        assert_eq!(w.decide(1_001)[0], OwnerAction::Fire { expected: 0 }, "fires at once");
+        w.poke();
+        assert!(
+            !matches!(w.decide(1_002)[0], OwnerAction::Fire { .. }),
+            "not while a fire is in progress"
+        );
+        w.fired(1_003, false);
+        assert_eq!(w.decide(1_003)[0], OwnerAction::Fire { expected: 0 }, "the poke waited");
+        w.fired(1_004, false);
+        assert!(!matches!(w.decide(1_005)[0], OwnerAction::Fire { .. }), "once");
     }
 
     #[test]

@@ -662,12 +662,11 @@ async fn a_fire_starts_executions_for_its_offered_slots_in_order_and_readies_the
     assert_eq!(claimed.len(), ready, "the rest are READY for any worker");
 }
 
-/// Step 3 of issue 21: a fire holding a queue starts what its offer has room for, leaves the
-/// rest of that queue due (SCHEDULED, timers in place, never READY) for later fires with room,
-/// readies other queues as before, and never holds an execution longer than `HOLD_MS_MAX`.
+/// Step 3 of issue 21: a fire holding a queue starts what its offer has room for, and leaves
+/// the rest of that queue due (SCHEDULED, timers in place, never READY) for later fires with
+/// room.
 #[tokio::test]
-async fn a_held_queue_starts_only_with_room_and_nothing_is_held_too_long() {
-    use kairos_layer::limits::HOLD_MS_MAX;
+async fn a_held_queue_starts_only_with_room() {
     use kairos_layer::ops::claim::ClaimSlot;
     use kairos_layer::ops::fire::Offer;
     use kairos_layer::ops::hold::Hold;
@@ -708,8 +707,17 @@ async fn a_held_queue_starts_only_with_room_and_nothing_is_held_too_long() {
         w.check_invariants().await;
     }
     assert!(rounds > 1, "the room of one fire did not start them all");
+}
 
-    // A queue not held is readied as before.
+/// A queue not held is readied as before; an execution held longer than `HOLD_MS_MAX` is made
+/// READY even with no room (and the watermark did not pass it by while it was held).
+#[tokio::test]
+async fn a_queue_not_held_and_work_held_too_long_go_ready() {
+    use kairos_layer::limits::HOLD_MS_MAX;
+    use kairos_layer::ops::fire::Offer;
+    use kairos_layer::ops::hold::Hold;
+    let w = world(34, FaultConfig::none()).await;
+    let submit = |i: usize| w.sched.submit(request(Some(&format!("h{i}")), w.now_ms() + 1_000));
     let other = submit(99).await.unwrap().execution.id;
     w.advance_ms(1_000);
     let elsewhere = Hold::queues([(NS.to_string(), "elsewhere".to_string())]);
@@ -722,8 +730,7 @@ async fn a_held_queue_starts_only_with_room_and_nothing_is_held_too_long() {
     let e = w.sched.get(NS, &other).await.unwrap();
     assert_eq!(e.status(), ExecutionStatus::Ready, "a queue not held is readied as before");
 
-    // Held longer than HOLD_MS_MAX: made READY, even with no room (and the watermark did not
-    // pass them by while they were held).
+    let hold = Hold::queues([(NS.to_string(), "report".to_string())]);
     let mut late = Vec::new();
     for i in 100..104 {
         late.push(submit(i).await.unwrap().execution.id);

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kairos_proto::storage::v1::{TimerEntry, TimerKind};
 
-use super::fire::Offer;
+use super::claim::ClaimSlot;
 use super::records::decode;
 use crate::kv::KeyValue;
 use crate::limits::HOLD_MS_MAX;
@@ -66,7 +66,11 @@ pub(crate) struct HoldRoom {
 impl HoldRoom {
     /// The room of each queue of `hold` in `offer` (0 where it offers nothing); `None` when
     /// nothing is held.
-    pub(crate) fn new(hold: &Hold, offer: &Offer, now_ms: i64) -> Option<HoldRoom> {
+    pub(crate) fn new(
+        hold: &Hold,
+        offer: &BTreeMap<(String, String), Vec<ClaimSlot>>,
+        now_ms: i64,
+    ) -> Option<HoldRoom> {
         if hold.is_empty() {
             return None;
         }
@@ -135,7 +139,7 @@ enum Place {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::claim::ClaimSlot;
+    use crate::ops::fire::Offer;
     use crate::ops::records::encode;
 
     fn row(i: u8, kind: TimerKind, queue: &str) -> KeyValue {

@@ -59,8 +59,6 @@ pub struct OwnerState {
     batch: usize,
     /// Due executions the last fire held back for this node's busy workers (`super::held`).
     held: usize,
-    /// Woken by room for them: the next fire is narrow (`Hold::narrow`).
-    room: bool,
 }
 
 /// Timers in the first fire transaction after a quiet spell.
@@ -102,8 +100,10 @@ impl OwnerState {
         let want = expected.max(self.held).min(self.batch);
         let reserved = self.ctx.matchmaker.offer(want);
         let offer: Offer = reserved.iter().map(|(q, r)| (q.clone(), r.slots.clone())).collect();
-        let narrow = std::mem::take(&mut self.room) && self.held > 0;
-        let hold = self.ctx.held.hold(&self.ctx.matchmaker, narrow);
+        // Every fire but the poll is narrow (`Hold::narrow`): it reads about what it can start;
+        // the poll looks at the whole bucket, so nothing waits unseen behind a held backlog for
+        // more than a poll interval.
+        let hold = self.ctx.held.hold(&self.ctx.matchmaker, !self.window.polling());
         let (ctx, me) = (self.ctx.clone(), myself.clone());
         let (shard, epoch, batch) = (self.shard, self.epoch, self.batch);
         tokio::spawn(async move {
@@ -246,7 +246,6 @@ impl Actor for ShardOwner {
             by_actor: BTreeMap::new(),
             batch: first_batch,
             held: 0,
-            room: false,
         };
         state.evaluate(&myself);
         Ok(state)
@@ -283,10 +282,7 @@ impl Actor for ShardOwner {
                 }
             }
             OwnerMsg::Loaded(r, until) => state.loaded(r, until),
-            OwnerMsg::Room => {
-                state.room = true;
-                state.window.poke();
-            }
+            OwnerMsg::Room => state.window.poke(),
         }
         state.evaluate(&myself);
         Ok(())

@@ -48,6 +48,8 @@ pub struct Window {
     /// Fire at the next decision even if nothing is known due (room appeared for executions a
     /// fire held back).
     poked: bool,
+    /// The fire last decided is a poll: nothing known due, no poke.
+    polling: bool,
 }
 
 /// The pause after `failures` failures in a row: the poll interval, doubling, at most
@@ -75,6 +77,7 @@ impl Window {
             load_failures: 0,
             load_not_before: i64::MIN,
             poked: false,
+            polling: false,
         }
     }
 
@@ -164,6 +167,12 @@ impl Window {
         self.poked = true;
     }
 
+    /// Whether the fire last decided is a poll (the interval passed with nothing known due
+    /// and no poke): the owner's periodic full look at its shard.
+    pub fn polling(&self) -> bool {
+        self.polling
+    }
+
     /// What to do at `now`; marks started fires and loads as in progress.
     pub fn decide(&mut self, now: i64) -> Vec<OwnerAction> {
         let mut out = Vec::new();
@@ -172,6 +181,7 @@ impl Window {
         let fire_allowed = now >= self.fire_not_before;
         if !self.firing && fire_allowed && (head_due || poll_due || self.poked) {
             self.firing = true;
+            self.polling = !head_due && !self.poked;
             self.poked = false;
             // What the window knows is due: a fire reserves waiting workers for that many (what
             // a poll's fire finds written elsewhere becomes READY, for a claim).
@@ -219,6 +229,7 @@ mod tests {
         w.loaded(vec![], 31_000, false);
         w.poke();
         assert_eq!(w.decide(1_001)[0], OwnerAction::Fire { expected: 0 }, "fires at once");
+        assert!(!w.polling(), "a poked fire is not a poll");
         w.poke();
         assert!(
             !matches!(w.decide(1_002)[0], OwnerAction::Fire { .. }),
@@ -293,6 +304,7 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!(w.decide(1_500), vec![OwnerAction::WakeAt(2_000)], "next poll");
         assert_eq!(w.decide(2_000)[0], OwnerAction::Fire { expected: 0 }, "poll fallback");
+        assert!(w.polling());
     }
 
     #[test]

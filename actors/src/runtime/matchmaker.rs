@@ -143,15 +143,15 @@ impl Matchmaker {
             .collect()
     }
 
-    /// Whether any queue's waiting workers (or dispatch buffer) hold credits now.
-    pub fn has_room(&self) -> bool {
-        !self.hungry().is_empty()
-    }
-
     /// Whether `q`'s waiting workers (or dispatch buffer) hold credits now.
     pub fn has_room_for(&self, q: &QueueKey) -> bool {
+        self.room_for(q) > 0
+    }
+
+    /// Credits `q`'s waiting workers and dispatch buffer hold now, within its limit.
+    pub fn room_for(&self, q: &QueueKey) -> usize {
         let m = self.lock();
-        m.get(q).is_some_and(|q| q.room() > 0 && q.slots.values().any(|s| s.credits > 0))
+        m.get(q).map_or(0, |q| q.slots.values().map(|s| s.credits).sum::<usize>().min(q.room()))
     }
 
     /// Queues whose waiting workers hold credits.

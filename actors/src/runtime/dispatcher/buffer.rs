@@ -35,6 +35,22 @@ impl Apply<'_> {
         (slots * DISPATCH_BUFFER_PER_SLOT).min(DISPATCH_BUFFER_MAX)
     }
 
+    /// Whether shard owners holding due work for `q` should be woken now ([`Action::Room`]):
+    /// its workers have room and, for a buffered queue, the buffer (with what fires are
+    /// filling it with) is down to half its target — so a woken fire fills half a buffer at
+    /// once instead of starting the one or two executions a single credit makes room for.
+    pub(super) fn wants_room(&self, q: &QueueKey) -> bool {
+        if !self.ledger.has_room_for(q) {
+            return false;
+        }
+        if !self.is_buffered(q) {
+            return true;
+        }
+        let Some(b) = self.core.buffers.get(q) else { return true };
+        let pending = b.slot.map_or(0, |slot| self.ledger.pending(q, slot));
+        (b.items.len() + b.refilling + pending) * 2 <= self.buffer_target(q)
+    }
+
     /// Hands buffered executions to the waiting workers of `q` with credits.
     pub(super) fn serve_buffer(&mut self, q: &QueueKey) {
         let n = self.core.buffers.get(q).map_or(0, |b| b.items.len());

@@ -45,13 +45,15 @@ impl Core {
 
     /// Decides what `event` leads to, at `now`.
     pub fn apply(&mut self, ledger: &Matchmaker, now: i64, event: Event) -> Vec<Action> {
-        let makes_room = matches!(
-            event,
-            Event::Poll(..) | Event::Open(_) | Event::Credits(..) | Event::Finished(..)
-        );
+        let room_for = match &event {
+            Event::Poll(w, _) | Event::Open(w) => Some(w.queue.clone()),
+            Event::Credits(id, _) => self.streams.get(id).map(|s| s.queue.clone()),
+            Event::Finished(q, _) => Some(q.clone()),
+            _ => None,
+        };
         let mut a = Apply { core: self, ledger, now, out: Vec::new() };
         a.event(event);
-        if makes_room && ledger.has_room() {
+        if room_for.is_some_and(|q| a.wants_room(&q)) {
             a.out.push(Action::Room);
         }
         a.out

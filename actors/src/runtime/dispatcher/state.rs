@@ -104,7 +104,7 @@ pub enum Action {
     ClaimFailed(QueueKey, u32, Error),
     /// Work of another queue was about to go to waiting worker `id` (kept back; a bug).
     Misrouted(u64, QueueKey, usize),
-    /// Waiting workers have room: wake a shard owner holding executions for them.
+    /// Waiting workers have room worth a fire: wake a shard owner holding executions for them.
     Room,
 }
 

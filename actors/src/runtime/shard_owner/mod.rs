@@ -22,6 +22,7 @@ use std::time::Duration;
 use kairos_layer::keys::TimerKey;
 use kairos_layer::ops::Error;
 use kairos_layer::ops::fire::{FireOutcome, Offer};
+use kairos_layer::ops::hold::NARROW_EXTRA_ROWS;
 use kairos_proto::storage::v1::{ExecutionStatus, TimerKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
@@ -171,9 +172,11 @@ impl OwnerState {
         self.held = out.held;
         if out.held > 0 {
             // Wait for room behind the owners already waiting; if a queue it held still has
-            // room (its offer was smaller than the room), the next owner may use it now.
+            // room worth a fire (its offer was smaller than the room), the next owner may use
+            // it now (less waits for the dispatcher's next wake-up).
             self.ctx.held.wait(self.shard);
-            if out.held_queues.iter().any(|q| self.ctx.matchmaker.has_room_for(q)) {
+            let worth = |q: &_| self.ctx.matchmaker.room_for(q) >= NARROW_EXTRA_ROWS;
+            if out.held_queues.iter().any(worth) {
                 effects::room(&self.ctx);
             }
         }

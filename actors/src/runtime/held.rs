@@ -32,13 +32,20 @@ impl Held {
         self.alone.store(alone, Ordering::Relaxed);
     }
 
-    /// What a fire holds now: the queues this node's workers serve, when it is alone; `narrow`
-    /// for a fire woken by room (see `Hold::narrow`).
+    /// What a fire holds now: the queue this node's workers serve, when it is alone and they
+    /// serve one queue; `narrow` for a fire that is not the owner's poll (see `Hold::narrow`).
+    /// With workers of several queues nothing is held: a held backlog of one queue comes first
+    /// in the timer order and would keep another queue's due work (another tenant's) unseen by
+    /// narrow fires — the READY path's per-queue claims keep queues apart (bench s6).
     pub fn hold(&self, matchmaker: &Matchmaker, narrow: bool) -> Hold {
         if !self.alone.load(Ordering::Relaxed) {
             return Hold::default();
         }
-        Hold { queues: matchmaker.local_queues(), narrow }
+        let queues = matchmaker.local_queues();
+        if queues.len() != 1 {
+            return Hold::default();
+        }
+        Hold { queues, narrow }
     }
 
     /// `shard`'s owner holds executions: wake it when there is room (once, however often it
@@ -74,5 +81,7 @@ mod tests {
         let held = h.hold(&m, true);
         assert_eq!(held.queues.into_iter().collect::<Vec<_>>(), vec![("ns".into(), "q".into())]);
         assert!(held.narrow);
+        m.add(&("other".into(), "q".into()), 2, "w2", None, 0);
+        assert!(h.hold(&m, true).is_empty(), "workers of two queues: nothing held");
     }
 }

@@ -48,8 +48,10 @@ pub struct Window {
     /// Fire at the next decision even if nothing is known due (room appeared for executions a
     /// fire held back).
     poked: bool,
-    /// The fire last decided is a poll: nothing known due, no poke.
+    /// The fire last decided is a poll: a full look at the shard (see [`Window::polling`]).
     polling: bool,
+    /// When the last poll was decided.
+    last_poll: i64,
 }
 
 /// The pause after `failures` failures in a row: the poll interval, doubling, at most
@@ -78,6 +80,7 @@ impl Window {
             load_not_before: i64::MIN,
             poked: false,
             polling: false,
+            last_poll: i64::MIN,
         }
     }
 
@@ -167,8 +170,9 @@ impl Window {
         self.poked = true;
     }
 
-    /// Whether the fire last decided is a poll (the interval passed with nothing known due
-    /// and no poke): the owner's periodic full look at its shard.
+    /// Whether the fire last decided is a poll — nothing known due and no poke, or no poll for
+    /// a poll interval (other fires keeping the shard busy): the owner's periodic full look at
+    /// its shard.
     pub fn polling(&self) -> bool {
         self.polling
     }
@@ -181,7 +185,12 @@ impl Window {
         let fire_allowed = now >= self.fire_not_before;
         if !self.firing && fire_allowed && (head_due || poll_due || self.poked) {
             self.firing = true;
-            self.polling = !head_due && !self.poked;
+            // A poll at least every poll interval, even while other fires keep the shard busy.
+            let poll_owed = now >= self.last_poll.saturating_add(self.poll_ms);
+            self.polling = poll_owed || (!head_due && !self.poked);
+            if self.polling {
+                self.last_poll = now;
+            }
             self.poked = false;
             // What the window knows is due: a fire reserves waiting workers for that many (what
             // a poll's fire finds written elsewhere becomes READY, for a claim).
@@ -239,6 +248,17 @@ mod tests {
         assert_eq!(w.decide(1_003)[0], OwnerAction::Fire { expected: 0 }, "the poke waited");
         w.fired(1_004, false);
         assert!(!matches!(w.decide(1_005)[0], OwnerAction::Fire { .. }), "once");
+        // Poked fires in a row (each before the poll interval since the last fire) still make
+        // one of them a poll once a poll interval.
+        for t in [1_500, 1_900] {
+            w.poke();
+            assert_eq!(w.decide(t)[0], OwnerAction::Fire { expected: 0 });
+            assert!(!w.polling());
+            w.fired(t, false);
+        }
+        w.poke();
+        assert_eq!(w.decide(2_000)[0], OwnerAction::Fire { expected: 0 });
+        assert!(w.polling(), "a poll interval since the last poll");
     }
 
     #[test]

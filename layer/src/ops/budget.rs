@@ -10,9 +10,11 @@ use crate::kv::Transaction;
 use crate::limits::{ITEM_OVERHEAD_BYTES, TRANSACTION_BUDGET_BYTES};
 
 /// What writing `e` (and what goes with it: keys, indexes, a timer) costs at most, besides
-/// what the change adds to the record.
+/// what the change adds to the record. A record whose spec is kept apart writes its state only,
+/// without its input (`records::save_execution`); one stored by an earlier format writes both.
 pub(crate) fn execution_bytes(e: &Execution) -> usize {
-    e.encoded_len() + ITEM_OVERHEAD_BYTES
+    let spec_left = if e.spec_apart { e.input_json.len() } else { 0 };
+    e.encoded_len() - spec_left + ITEM_OVERHEAD_BYTES
 }
 
 /// Whether `tx`, having taken `taken` items, has room for one more writing up to `bytes`: the

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use kairos_proto::storage::v1::{
-    ApiKey, Attempt, AuditRecord, ClusterConfig, CronJob, CronTimerEntry, Execution,
+    ApiKey, Attempt, AuditRecord, ClusterConfig, CronJob, CronTimerEntry, Execution, ExecutionSpec,
     ExecutionStatus, IdempotencyRecord, JobDefinition, NodeRecord, PartitionExpiry, PartitionOwner,
     QuarantineRecord, TimerEntry,
 };
@@ -84,7 +84,10 @@ impl CheckReport {
 struct Seen {
     status: i32,
     execute_at_ms: i64,
+    /// Empty for a record whose spec is kept apart (`spec_apart`): its definition is in its
+    /// time index entry's value.
     definition: String,
+    spec_apart: bool,
 }
 
 /// Checks every record of the cluster `ks` in `db`; `progress` is called after each page
@@ -418,7 +421,12 @@ fn check_execution(
     report.executions += 1;
     r.executions.insert(
         (ns, id),
-        Seen { status: e.status, execute_at_ms: e.execute_at_ms, definition: e.definition_name },
+        Seen {
+            status: e.status,
+            execute_at_ms: e.execute_at_ms,
+            definition: e.definition_name,
+            spec_apart: e.spec_apart,
+        },
     );
 }
 
@@ -476,7 +484,10 @@ async fn check_indexes(
     report: &mut CheckReport,
 ) -> Result<()> {
     let mut in_index: HashMap<Tag, HashSet<(String, String)>> = HashMap::new();
-    for tag in [Tag::ByStatus, Tag::ByDefinition, Tag::ByTime] {
+    // The time index first: its entries hold the specs, whose definitions the definition
+    // index is checked against.
+    let mut specs: HashMap<(String, String), String> = HashMap::new();
+    for tag in [Tag::ByTime, Tag::ByStatus, Tag::ByDefinition] {
         let all = ks.subspace_range(tag);
         let mut begin = all.begin.clone();
         let found = in_index.entry(tag).or_default();
@@ -488,9 +499,18 @@ async fn check_indexes(
                 if tag == Tag::ByStatus && leftover_status_entry(ks, &kv.key) {
                     continue;
                 }
-                let Some((ns, id, agrees)) = index_entry(ks, tag, &kv.key, executions) else {
+                let Some((ns, id, agrees)) = index_entry(ks, tag, &kv.key, executions, &specs)
+                else {
                     continue; // its layout was reported by the scan
                 };
+                if tag == Tag::ByTime && !kv.value.is_empty() {
+                    match ExecutionSpec::decode(&kv.value[..]) {
+                        Ok(spec) => {
+                            drop(specs.insert((ns.clone(), id.clone()), spec.definition_name))
+                        }
+                        Err(e) => report.found(&kv.key, format!("the spec does not decode: {e}")),
+                    }
+                }
                 match agrees {
                     None if unreadable.contains(&(ns.clone(), id.clone())) => {}
                     None => report.found(
@@ -511,6 +531,12 @@ async fn check_indexes(
         }
     }
     for ((ns, id), e) in executions {
+        if e.spec_apart && !specs.contains_key(&(ns.clone(), id.clone())) {
+            report.found(
+                &ks.execution(ns, id),
+                format!("execution {id:?} has no spec: its time index entry is missing or empty"),
+            );
+        }
         let needs: &[Tag] = if super::records::is_indexed(e.status) {
             &[Tag::ByStatus, Tag::ByDefinition, Tag::ByTime]
         } else {
@@ -550,6 +576,7 @@ fn index_entry(
     tag: Tag,
     key: &[u8],
     executions: &HashMap<(String, String), Seen>,
+    specs: &HashMap<(String, String), String>,
 ) -> Option<(String, String, Option<bool>)> {
     let (ns, id, at, detail) = match tag {
         Tag::ByStatus => {
@@ -569,6 +596,9 @@ fn index_entry(
         e.execute_at_ms == at
             && match &detail {
                 IndexDetail::Status(s) => e.status == *s,
+                IndexDetail::Definition(d) if e.spec_apart => {
+                    specs.get(&(ns.clone(), id.clone())).is_some_and(|s| s == d)
+                }
                 IndexDetail::Definition(d) => &e.definition == d,
                 IndexDetail::Time => true,
             }

@@ -1,6 +1,10 @@
 //! Changes to stores written by earlier builds, made once at open and recorded in the cluster
 //! config so they never run again (a clear is a write, on an LSM as much as a set).
 //!
+//! Format 2 → 3 (issue 21, step 2): the spec of an execution is kept apart from its state.
+//! Nothing is rewritten at open: a record of format 2 is read as it is and split at its next
+//! write; only the config's format is raised ([`format`]).
+//!
 //! Status index 0 → 1 (issue 21): SCHEDULED and RETRY_WAIT executions no longer have status
 //! index entries (see [`super::records::is_indexed`]); the entries an earlier build wrote for
 //! them are cleared, per namespace and status, in transactions of at most
@@ -60,6 +64,32 @@ pub(crate) async fn status_index(
         let mut config = decode::<ClusterConfig>("cluster config", &v)?;
         if config.status_index < STATUS_INDEX {
             config.status_index = STATUS_INDEX;
+            tx.set(&ks.cluster(), &encode(&config))?;
+        }
+        Ok::<_, Error>(config)
+    })
+    .await
+}
+
+/// Brings a store of keyspace format `from` to `to` (a store of any other format is left as
+/// it is, for the caller to refuse). Format 2 → 3 changes no stored record: records of format
+/// 2 carry their spec and are read as they are, and split at their next write
+/// ([`super::records`]); the version is raised so binaries of format 2 refuse the store.
+pub(crate) async fn format(
+    db: &Database,
+    ks: &Keyspace,
+    config: ClusterConfig,
+    from: u32,
+    to: u32,
+) -> Result<ClusterConfig> {
+    if config.format_version != from {
+        return Ok(config);
+    }
+    db.run(|tx| async move {
+        let v = tx.get(&ks.cluster()).await?.ok_or_else(|| Error::Corrupt("no cluster".into()))?;
+        let mut config = decode::<ClusterConfig>("cluster config", &v)?;
+        if config.format_version == from {
+            config.format_version = to;
             tx.set(&ks.cluster(), &encode(&config))?;
         }
         Ok::<_, Error>(config)

@@ -102,8 +102,14 @@ impl std::fmt::Debug for Scheduler {
 }
 
 /// The keyspace format this binary writes. Format 2 (partitioned leases, ready queues and
-/// counts; attempts stored when they end) cannot read format 1.
-const FORMAT_VERSION: u32 = 2;
+/// counts; attempts stored when they end) cannot read format 1. Format 3 keeps an execution's
+/// spec apart from its state (`ExecutionSpec`, issue 21): it reads format 2 and a store of
+/// format 2 becomes format 3 at its first open ([`migrate::format`]), so that a binary of
+/// format 2, which cannot read the split records, refuses it from then on.
+const FORMAT_VERSION: u32 = 3;
+
+/// The earlier format this binary reads (and upgrades at open).
+const FORMAT_UPGRADED_FROM: u32 = 2;
 
 /// Refuses cluster parameters out of their ranges, naming the setting.
 fn check_params(params: &ClusterParams) -> Result<()> {
@@ -166,6 +172,8 @@ impl Scheduler {
                 }
             })
             .await?;
+        let config =
+            migrate::format(&db, &ks, config, FORMAT_UPGRADED_FROM, FORMAT_VERSION).await?;
         if config.format_version != FORMAT_VERSION {
             return Err(Error::FailedPrecondition(format!(
                 "the store holds keyspace format {} and this binary reads format {FORMAT_VERSION} \

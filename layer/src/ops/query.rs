@@ -8,13 +8,15 @@ use kairos_proto::storage::v1::{
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::records::{decode, is_indexed, running_attempt, succeeded_attempt};
+use super::records::{
+    decode, is_indexed, merge_spec, running_attempt, snapshot_execution, succeeded_attempt,
+    with_spec,
+};
 use super::validate::{check_name, check_ref};
 use crate::keys::Tag;
 use crate::kv::limits::key_after;
 use crate::kv::{KeyValue, RangeOption, Transaction};
 use crate::limits::{ATTEMPTS_PAGE_MAX, LIST_PAGE_MAX, LIST_SCAN_MAX};
-use bytes::Bytes;
 
 /// A page of an execution's attempts.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -66,12 +68,7 @@ impl Scheduler {
         check_ref(ns, id)?;
         let found = self
             .db
-            .run(|tx| async move {
-                match tx.snapshot_get(&self.ks.execution(ns, id)).await? {
-                    Some(v) => Ok::<_, Error>(Some(decode::<Execution>("execution", &v)?)),
-                    None => Ok(None),
-                }
-            })
+            .run(|tx| async move { snapshot_execution(&tx, &self.ks, ns, id).await })
             .await?;
         found.ok_or_else(|| Error::NotFound { what: "execution", id: id.to_string() })
     }
@@ -88,8 +85,8 @@ impl Scheduler {
                     return Ok::<_, Error>(None);
                 };
                 let rec: IdempotencyRecord = decode("idempotency", &v)?;
-                match tx.snapshot_get(&self.ks.execution(ns, &rec.execution_id)).await? {
-                    Some(v) => Ok(Some(decode::<Execution>("execution", &v)?)),
+                match snapshot_execution(&tx, &self.ks, ns, &rec.execution_id).await? {
+                    Some(e) => Ok(Some(e)),
                     None => Err(Error::Corrupt(format!("idempotency key {key:?} dangles"))),
                 }
             })
@@ -283,14 +280,14 @@ impl Scheduler {
             let n = rows.len();
             scanned += n;
             let found = self.list_chunk(tx, tag, &q.namespace, &rows).await?;
-            for (kv, (id, v)) in rows.iter().zip(found) {
+            for (kv, (id, e)) in rows.iter().zip(found) {
                 if page.executions.len() == limit {
                     page.next_cursor = Some(kv.key.to_vec());
                     return Ok(page);
                 }
                 begin = key_after(&kv.key);
-                let (id, v) = match (id, v) {
-                    (Some(id), Some(v)) => (id, v),
+                let (id, e) = match (id, e) {
+                    (Some(id), Some(e)) => (id, e),
                     (Some(id), None) => {
                         page.unreadable.push(id); // indexed, but its record is gone
                         continue;
@@ -300,7 +297,7 @@ impl Scheduler {
                         continue;
                     }
                 };
-                let Ok(e) = decode::<Execution>("execution", &v) else {
+                let Ok(e) = e else {
                     page.unreadable.push(id);
                     continue;
                 };
@@ -320,23 +317,37 @@ impl Scheduler {
         }
     }
 
-    /// The executions a chunk of index rows names, read concurrently (snapshot reads). An
-    /// index key that does not parse names no execution: reported in the page's `unreadable`
-    /// (and by `kairos check`), not a failure of every page over it.
+    /// The executions a chunk of index rows names, read concurrently (snapshot reads); a
+    /// record that does not decode, or lacks its spec, is an `Err` of its own. The time index's
+    /// rows carry the specs themselves. An index key that does not parse names no execution:
+    /// reported in the page's `unreadable` (and by `kairos check`), not a failure of every page
+    /// over it.
     async fn list_chunk(
         &self,
         tx: &Transaction,
         tag: Tag,
         ns: &str,
         rows: &[KeyValue],
-    ) -> Result<Vec<(Option<String>, Option<Bytes>)>> {
+    ) -> Result<Vec<(Option<String>, Option<Result<Execution>>)>> {
         let ids: Vec<Option<String>> =
             rows.iter().map(|kv| self.ks.index_execution_id(tag, &kv.key).ok()).collect();
-        let loads = ids.iter().map(|id| async move {
-            match id {
-                Some(id) => tx.snapshot_get_owned(self.ks.execution(ns, id)).await,
-                None => Ok(None),
-            }
+        let loads = ids.iter().zip(rows).map(|(id, kv)| async move {
+            let Some(id) = id else { return Ok(None) };
+            let Some(v) = tx.snapshot_get_owned(self.ks.execution(ns, id)).await? else {
+                return Ok(None);
+            };
+            let e = match decode::<Execution>("execution", &v) {
+                Ok(e) if e.spec_apart && tag == Tag::ByTime => {
+                    let mut e = e;
+                    merge_spec(&mut e, Some(&kv.value)).map(|()| e)
+                }
+                Ok(e) => match with_spec(tx, &self.ks, e).await {
+                    Err(Error::Kv(k)) => return Err(Error::Kv(k)),
+                    r => r,
+                },
+                Err(e) => Err(e),
+            };
+            Ok::<_, Error>(Some(e))
         });
         let found = futures_util::future::try_join_all(loads).await?;
         Ok(ids.into_iter().zip(found).collect())

@@ -3,7 +3,8 @@
 //! attempt (kept on the execution until it ends).
 
 use kairos_proto::storage::v1::{
-    Attempt, AttemptStatus, Execution, ExecutionStatus, TimerEntry, TimerKind, TimerRef,
+    Attempt, AttemptStatus, Execution, ExecutionSpec, ExecutionStatus, TimerEntry, TimerKind,
+    TimerRef,
 };
 use prost::Message;
 
@@ -21,7 +22,8 @@ pub(crate) fn decode<M: Message + Default>(what: &str, bytes: &[u8]) -> Result<M
     M::decode(bytes).map_err(|e| Error::Corrupt(format!("{what} record: {e}")))
 }
 
-/// Reads an execution (non-snapshot: the transaction conflicts with concurrent changes).
+/// Reads an execution (non-snapshot: the transaction conflicts with concurrent changes to its
+/// state; its spec never changes, so it is read without one).
 pub(crate) async fn load_execution(
     tx: &Transaction,
     ks: &Keyspace,
@@ -29,8 +31,161 @@ pub(crate) async fn load_execution(
     id: &str,
 ) -> Result<Option<Execution>> {
     match tx.get(&ks.execution(ns, id)).await? {
-        Some(v) => Ok(Some(decode("execution", &v)?)),
+        Some(v) => Ok(Some(with_spec(tx, ks, decode("execution", &v)?).await?)),
         None => Ok(None),
+    }
+}
+
+/// Reads an execution with a snapshot read (no conflict: listing and looking up).
+pub(crate) async fn snapshot_execution(
+    tx: &Transaction,
+    ks: &Keyspace,
+    ns: &str,
+    id: &str,
+) -> Result<Option<Execution>> {
+    match tx.snapshot_get(&ks.execution(ns, id)).await? {
+        Some(v) => Ok(Some(with_spec(tx, ks, decode("execution", &v)?).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Completes a decoded execution record with its spec when the spec is kept apart (format 3):
+/// the value of its time index entry, read without a conflict (it never changes).
+pub(crate) async fn with_spec(
+    tx: &Transaction,
+    ks: &Keyspace,
+    mut e: Execution,
+) -> Result<Execution> {
+    if e.spec_apart {
+        let key = ks.by_time(&e.namespace, e.execute_at_ms, &e.id);
+        let v = tx.snapshot_get(&key).await?;
+        merge_spec(&mut e, v.as_deref())?;
+    }
+    Ok(e)
+}
+
+/// Puts the spec `bytes` (a time index entry's value) into a record kept apart from it.
+pub fn merge_spec(e: &mut Execution, bytes: Option<&[u8]>) -> Result<()> {
+    let spec: ExecutionSpec = match bytes {
+        Some(b) if !b.is_empty() => decode("execution spec", b)?,
+        _ => {
+            return Err(Error::Corrupt(format!(
+                "execution {:?} in {:?} has no spec (its time index entry is missing or empty)",
+                e.id, e.namespace
+            )));
+        }
+    };
+    let ExecutionSpec {
+        definition_name,
+        definition_version,
+        input_json,
+        idempotency_key,
+        retry_policy,
+        created_at_ms,
+        attempt_timeout_ms,
+        request_fingerprint,
+        cron_job_id,
+        cron_occurrence_ms,
+        traceparent,
+    } = spec;
+    e.definition_name = definition_name;
+    e.definition_version = definition_version;
+    e.input_json = input_json;
+    e.idempotency_key = idempotency_key;
+    e.retry_policy = retry_policy;
+    e.created_at_ms = created_at_ms;
+    e.attempt_timeout_ms = attempt_timeout_ms;
+    e.request_fingerprint = request_fingerprint;
+    e.cron_job_id = cron_job_id;
+    e.cron_occurrence_ms = cron_occurrence_ms;
+    e.traceparent = traceparent;
+    Ok(())
+}
+
+/// The spec of an execution: the fields fixed at submit.
+pub(crate) fn spec_of(e: &Execution) -> ExecutionSpec {
+    ExecutionSpec {
+        definition_name: e.definition_name.clone(),
+        definition_version: e.definition_version,
+        input_json: e.input_json.clone(),
+        idempotency_key: e.idempotency_key.clone(),
+        retry_policy: e.retry_policy,
+        created_at_ms: e.created_at_ms,
+        attempt_timeout_ms: e.attempt_timeout_ms,
+        request_fingerprint: e.request_fingerprint.clone(),
+        cron_job_id: e.cron_job_id.clone(),
+        cron_occurrence_ms: e.cron_occurrence_ms,
+        traceparent: e.traceparent.clone(),
+    }
+}
+
+/// The state record of an execution: every field but its spec's (which are left empty), with
+/// `spec_apart` set. Destructured field by field, so a field added to `Execution` does not
+/// compile until it is placed on one side or the other.
+pub(crate) fn state_of(e: &Execution) -> Execution {
+    let Execution {
+        id,
+        namespace,
+        definition_name: _,
+        definition_version: _,
+        input_json: _,
+        execute_at_ms,
+        idempotency_key: _,
+        status,
+        attempt_count,
+        fencing_token,
+        retry_policy: _,
+        queue,
+        output_json,
+        output_reference,
+        error,
+        created_at_ms: _,
+        updated_at_ms,
+        ready_at_ms,
+        started_at_ms,
+        finished_at_ms,
+        timer,
+        lease_expires_at_ms,
+        cancel_requested,
+        attempt_timeout_ms: _,
+        lease_ms,
+        shard,
+        attempt_base,
+        request_fingerprint: _,
+        worker_id,
+        attempts_released,
+        cron_job_id: _,
+        cron_occurrence_ms: _,
+        traceparent: _,
+        worker_confirmed,
+        spec_apart: _,
+    } = e;
+    Execution {
+        id: id.clone(),
+        namespace: namespace.clone(),
+        execute_at_ms: *execute_at_ms,
+        status: *status,
+        attempt_count: *attempt_count,
+        fencing_token: *fencing_token,
+        queue: queue.clone(),
+        output_json: output_json.clone(),
+        output_reference: output_reference.clone(),
+        error: error.clone(),
+        updated_at_ms: *updated_at_ms,
+        ready_at_ms: *ready_at_ms,
+        started_at_ms: *started_at_ms,
+        finished_at_ms: *finished_at_ms,
+        timer: *timer,
+        lease_expires_at_ms: *lease_expires_at_ms,
+        cancel_requested: *cancel_requested,
+        lease_ms: *lease_ms,
+        shard: *shard,
+        attempt_base: *attempt_base,
+        worker_id: worker_id.clone(),
+        attempts_released: *attempts_released,
+        worker_confirmed: *worker_confirmed,
+        spec_apart: true,
+        ..Execution::default()
     }
 }
 
@@ -126,8 +281,9 @@ impl Scheduler {
         e.shard % self.config.ready_partitions.max(1)
     }
 
-    /// Writes an execution, moving its status index entry (for [indexed](is_indexed) states)
-    /// and count if the status changed.
+    /// Writes an execution's state, moving its status index entry (for [indexed](is_indexed)
+    /// states) and count if the status changed; and its spec, the first time (`spec_apart`
+    /// unset: a new execution, or one stored by an earlier format).
     pub(crate) fn save_execution(
         &self,
         tx: &Transaction,
@@ -151,7 +307,12 @@ impl Scheduler {
             // partition keeps any one counter from being written by every node.
             tx.add_i64(&ks.status_count(&e.namespace, e.status, part), 1)?;
         }
-        tx.set(&ks.execution(&e.namespace, &e.id), &encode(e))?;
+        // The spec is written once: at submit, or when a record of an earlier format (which
+        // carries it) is first rewritten. After that only the state is.
+        if !e.spec_apart {
+            tx.set(&ks.by_time(&e.namespace, e.execute_at_ms, &e.id), &encode(&spec_of(e)))?;
+        }
+        tx.set(&ks.execution(&e.namespace, &e.id), &encode(&state_of(e)))?;
         Ok(())
     }
 

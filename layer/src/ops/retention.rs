@@ -20,7 +20,7 @@ use kairos_proto::storage::v1::{Execution, ExecutionStatus, IdempotencyRecord};
 
 use super::Scheduler;
 use super::error::{Error, Result};
-use super::records::{decode, is_indexed};
+use super::records::{decode, is_indexed, snapshot_execution};
 use crate::kv::{KeyValue, RangeOption, Transaction};
 use crate::limits::{EXECUTE_AT_PAST_MAX_MS, SWEEP_BATCH_MAX};
 
@@ -211,10 +211,9 @@ impl Scheduler {
         ids: impl Iterator<Item = String>,
     ) -> Result<Vec<Execution>> {
         let ids: Vec<String> = ids.collect();
-        let loads =
-            ids.iter().map(|id| async move { tx.snapshot_get(&self.ks.execution(ns, id)).await });
+        let loads = ids.iter().map(|id| snapshot_execution(tx, &self.ks, ns, id));
         let found = futures_util::future::try_join_all(loads).await?;
-        found.into_iter().flatten().map(|v| decode("execution", &v)).collect()
+        Ok(found.into_iter().flatten().collect())
     }
 
     /// Clears the claim receipts older than their keeping time (claims and fires clear them

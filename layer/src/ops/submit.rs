@@ -360,7 +360,7 @@ impl Scheduler {
         self.set_timer_with(tx, &mut e, TimerKind::Due, at, f.wm)?;
         self.save_execution(tx, None, &e)?;
         tx.set(&self.ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id), b"")?;
-        tx.set(&self.ks.by_time(ns, e.execute_at_ms, id), b"")?;
+        // (Its time index entry, holding its spec, is written by `save_execution`.)
         if let Some(key) = &req.idempotency_key {
             let rec = IdempotencyRecord { execution_id: id.clone(), fingerprint: print.clone() };
             tx.set(&self.ks.idempotency(ns, key), &encode(&rec))?;

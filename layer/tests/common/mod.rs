@@ -13,6 +13,7 @@ use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_layer::kv::{Database, KvDatabase, RunOptions};
 use kairos_layer::ops::claim::{ClaimSlot, Claimed};
 use kairos_layer::ops::leases::PartitionLease;
+use kairos_layer::ops::records::merge_spec;
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_layer::ops::worker::{Beat, HeartbeatOutcome, Outcome, Report};
 use kairos_layer::ops::{ClusterParams, Error, Result, Scheduler};
@@ -165,7 +166,14 @@ impl World {
         }
         let executions: Vec<Execution> = in_tag(Tag::Execution)
             .iter()
-            .map(|(_, v)| Execution::decode(v.as_slice()).unwrap())
+            .map(|(_, v)| {
+                let mut e = Execution::decode(v.as_slice()).unwrap();
+                if e.spec_apart {
+                    let spec = dump.get(&ks.by_time(&e.namespace, e.execute_at_ms, &e.id));
+                    merge_spec(&mut e, spec.map(|v| v.as_slice())).expect("its spec");
+                }
+                e
+            })
             .collect();
         let by_id: BTreeMap<String, &Execution> =
             executions.iter().map(|e| (e.id.clone(), e)).collect();

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::Scheduler;
 use super::error::{Error, Result, invalid};
-use super::records::{decode, encode};
+use super::records::{decode, encode, snapshot_execution};
 use crate::cron::key::job_key_prefix;
 use crate::cron::policy::{OverlapPolicy, parse_named};
 use crate::ids::{bucket_of, fingerprint, new_execution_id, shard_of};
@@ -553,10 +553,11 @@ impl Scheduler {
                             return Ok(Some(Err(key.unwrap_or_else(|_| "?".into()))));
                         };
                         let id = rec.execution_id;
-                        let found = tx.snapshot_get(&self.ks.execution(ns, &id)).await?;
-                        Ok::<_, Error>(
-                            found.map(|v| decode::<Execution>("execution", &v).map_err(|_| id)),
-                        )
+                        match snapshot_execution(tx, &self.ks, ns, &id).await {
+                            Ok(found) => Ok(found.map(Ok)),
+                            Err(Error::Kv(e)) => Err(Error::Kv(e)),
+                            Err(_) => Ok(Some(Err(id))),
+                        }
                     }
                 });
                 let found = futures_util::future::try_join_all(loads).await?;

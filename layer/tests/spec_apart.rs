@@ -145,7 +145,7 @@ async fn a_transition_rewrites_the_state_only_and_the_spec_is_kept_apart() {
     for (id, (state, spec)) in raw(&db, &ks).await {
         assert!(state.spec_apart, "{id}");
         assert!(state.input_json.is_empty() && state.definition_name.is_empty(), "{state:?}");
-        assert!(state.retry_policy.is_none() && state.idempotency_key.is_empty());
+        assert!(state.retry_policy.is_some() && state.idempotency_key.is_empty(), "{state:?}");
         let spec = ExecutionSpec::decode(&spec[..]).unwrap();
         let e = &whole[&id];
         assert_eq!(spec.input_json, e.input_json);

@@ -140,11 +140,11 @@ async fn complete(w: &World, claimed: &[Claimed]) {
 const SUBMIT: Budget = (5, 0, 0, 1, 588, 0); // +8: the queue in the DUE timer (ops::hold)
 // Format 3 (the spec written once, at submit, as the time index entry's value): a transition
 // rewrites the state only. Before: fire 345, claim 455, complete 320, fire + start 445.
-const FIRE: Budget = (2, 1, 0, 3, 215, 62);
-const CLAIM: Budget = (2, 1, 0, 2, 320, 72);
-const COMPLETE: Budget = (1, 1, 0, 2, 185, 62);
+const FIRE: Budget = (2, 1, 0, 3, 225, 62);
+const CLAIM: Budget = (2, 1, 0, 2, 330, 72);
+const COMPLETE: Budget = (1, 1, 0, 2, 190, 62);
 const RETENTION: Budget = (0, 4, 1, 1, 0, 234);
-const FIRE_MATCHED: Budget = (2, 1, 0, 2, 310, 62);
+const FIRE_MATCHED: Budget = (2, 1, 0, 2, 320, 62);
 
 async fn ready_path(n: usize) {
     let w = world(21, FaultConfig::none()).await;

@@ -20,7 +20,7 @@ use super::claim::{ClaimSlot, Claimed, RECEIPT_KEEP_MS, Receipt, SlotFiller, loa
 use super::error::{Error, Result};
 use super::hold::{Hold, HoldRoom};
 use super::leases::check_epoch;
-use super::records::{decode, encode, load_execution, watermark};
+use super::records::{decode, encode, load_execution, load_state, watermark};
 use super::worker::{attempt_deadline_ms, attempt_timeout_at_ms};
 use crate::ids::bucket_of;
 use crate::keys::{Space, TimerKey};
@@ -362,7 +362,14 @@ impl Scheduler {
                 Err(e) => return Ok(quarantine(e.to_string(), String::new(), timer.execution_id)),
             };
             let (ns, id) = (entry.namespace.clone(), timer.execution_id.clone());
-            let e = match load_execution(tx, &self.ks, &ns, &id).await {
+            // A lease check needs the state only; a due execution may start, and its task
+            // carries its spec (input, definition).
+            let load = if timer.kind == TimerKind::LeaseCheck as i32 {
+                load_state(tx, &self.ks, &ns, &id).await
+            } else {
+                load_execution(tx, &self.ks, &ns, &id).await
+            };
+            let e = match load {
                 Ok(Some(e)) => e,
                 Ok(None) => return Ok(Step::Stale), // execution gone: a stale timer
                 Err(Error::Kv(k)) => return Err(Error::Kv(k)),

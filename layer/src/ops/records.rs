@@ -36,6 +36,21 @@ pub(crate) async fn load_execution(
     }
 }
 
+/// Reads an execution's state only (non-snapshot), for a change that needs nothing of its spec
+/// (a heartbeat, a result): the spec fields are empty unless the record is of format 2 (whole).
+/// [`Scheduler::save_execution`] writes such a record back as it should.
+pub(crate) async fn load_state(
+    tx: &Transaction,
+    ks: &Keyspace,
+    ns: &str,
+    id: &str,
+) -> Result<Option<Execution>> {
+    match tx.get(&ks.execution(ns, id)).await? {
+        Some(v) => Ok(Some(decode("execution", &v)?)),
+        None => Ok(None),
+    }
+}
+
 /// Reads an execution with a snapshot read (no conflict: listing and looking up).
 pub(crate) async fn snapshot_execution(
     tx: &Transaction,
@@ -80,9 +95,7 @@ pub fn merge_spec(e: &mut Execution, bytes: Option<&[u8]>) -> Result<()> {
         definition_version,
         input_json,
         idempotency_key,
-        retry_policy,
         created_at_ms,
-        attempt_timeout_ms,
         request_fingerprint,
         cron_job_id,
         cron_occurrence_ms,
@@ -92,9 +105,7 @@ pub fn merge_spec(e: &mut Execution, bytes: Option<&[u8]>) -> Result<()> {
     e.definition_version = definition_version;
     e.input_json = input_json;
     e.idempotency_key = idempotency_key;
-    e.retry_policy = retry_policy;
     e.created_at_ms = created_at_ms;
-    e.attempt_timeout_ms = attempt_timeout_ms;
     e.request_fingerprint = request_fingerprint;
     e.cron_job_id = cron_job_id;
     e.cron_occurrence_ms = cron_occurrence_ms;
@@ -109,9 +120,7 @@ pub(crate) fn spec_of(e: &Execution) -> ExecutionSpec {
         definition_version: e.definition_version,
         input_json: e.input_json.clone(),
         idempotency_key: e.idempotency_key.clone(),
-        retry_policy: e.retry_policy,
         created_at_ms: e.created_at_ms,
-        attempt_timeout_ms: e.attempt_timeout_ms,
         request_fingerprint: e.request_fingerprint.clone(),
         cron_job_id: e.cron_job_id.clone(),
         cron_occurrence_ms: e.cron_occurrence_ms,
@@ -134,7 +143,7 @@ pub(crate) fn state_of(e: &Execution) -> Execution {
         status,
         attempt_count,
         fencing_token,
-        retry_policy: _,
+        retry_policy,
         queue,
         output_json,
         output_reference,
@@ -147,7 +156,7 @@ pub(crate) fn state_of(e: &Execution) -> Execution {
         timer,
         lease_expires_at_ms,
         cancel_requested,
-        attempt_timeout_ms: _,
+        attempt_timeout_ms,
         lease_ms,
         shard,
         attempt_base,
@@ -167,6 +176,7 @@ pub(crate) fn state_of(e: &Execution) -> Execution {
         status: *status,
         attempt_count: *attempt_count,
         fencing_token: *fencing_token,
+        retry_policy: *retry_policy,
         queue: queue.clone(),
         output_json: output_json.clone(),
         output_reference: output_reference.clone(),
@@ -178,6 +188,7 @@ pub(crate) fn state_of(e: &Execution) -> Execution {
         timer: *timer,
         lease_expires_at_ms: *lease_expires_at_ms,
         cancel_requested: *cancel_requested,
+        attempt_timeout_ms: *attempt_timeout_ms,
         lease_ms: *lease_ms,
         shard: *shard,
         attempt_base: *attempt_base,

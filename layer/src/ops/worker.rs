@@ -16,7 +16,7 @@ use super::Scheduler;
 use super::budget;
 use super::claim::ClaimSlot;
 use super::error::{Error, Result, invalid};
-use super::records::{decode, load_execution, running_attempt, watermark};
+use super::records::{decode, load_state, running_attempt, watermark};
 use super::retry::retry_delay_ms;
 use super::validate::{check_batch, check_name, check_ref};
 use crate::kv::Transaction;
@@ -417,7 +417,8 @@ impl Scheduler {
             beats.iter().map(|b| check_ref(&b.namespace, &b.execution_id)).collect();
         let loads = beats.iter().zip(&checks).map(|(b, c)| async move {
             match c {
-                Ok(()) => load_execution(tx, &self.ks, &b.namespace, &b.execution_id).await,
+                // A heartbeat needs the state only (its lease, token, worker).
+                Ok(()) => load_state(tx, &self.ks, &b.namespace, &b.execution_id).await,
                 Err(_) => Ok(None),
             }
         });
@@ -477,7 +478,9 @@ impl Scheduler {
     /// Applies many attempts' results in as few transactions as their budget allows (one for
     /// most batches: reads issued concurrently, one commit for all); each gets its own result:
     /// a fenced-out one does not stop the others. An item the caller refused already (an
-    /// `Err`) passes through as its error.
+    /// `Err`) passes through as its error. An applied one returns the execution's state after
+    /// it: its spec (definition, input, idempotency key, cron and trace ids, created at) is
+    /// not read, so those fields are empty unless the record is of format 2; `get` reads all.
     pub async fn report(&self, items: Vec<Result<Report>>) -> Result<Vec<Result<Execution>>> {
         check_batch("results", items.len(), REPORT_BATCH_MAX)?;
         let checked: Vec<Result<Report>> =
@@ -528,7 +531,8 @@ impl Scheduler {
     ) -> Result<Vec<Result<Execution>>> {
         let loads = checked.iter().map(|r| async move {
             match r {
-                Ok(r) => load_execution(tx, &self.ks, &r.namespace, &r.execution_id).await,
+                // A result needs the state only (token, worker, retry policy).
+                Ok(r) => load_state(tx, &self.ks, &r.namespace, &r.execution_id).await,
                 Err(_) => Ok(None),
             }
         });

@@ -530,6 +530,18 @@ async fn check_indexes(
             }
         }
     }
+    missing_entries(ks, executions, &in_index, &specs, report);
+    Ok(())
+}
+
+/// Executions missing from an index they belong in, or whose spec is missing.
+fn missing_entries(
+    ks: &Keyspace,
+    executions: &HashMap<(String, String), Seen>,
+    in_index: &HashMap<Tag, HashSet<(String, String)>>,
+    specs: &HashMap<(String, String), String>,
+    report: &mut CheckReport,
+) {
     for ((ns, id), e) in executions {
         if e.spec_apart && !specs.contains_key(&(ns.clone(), id.clone())) {
             report.found(
@@ -551,7 +563,6 @@ async fn check_indexes(
             }
         }
     }
-    Ok(())
 }
 
 /// A status index entry of a state no longer indexed (SCHEDULED, RETRY_WAIT, SUCCEEDED): left

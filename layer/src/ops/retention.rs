@@ -20,7 +20,7 @@ use kairos_proto::storage::v1::{Execution, ExecutionStatus, IdempotencyRecord};
 
 use super::Scheduler;
 use super::error::{Error, Result};
-use super::records::{decode, is_indexed, snapshot_execution};
+use super::records::{decode, is_indexed, merge_spec, snapshot_execution};
 use crate::kv::{KeyValue, RangeOption, Transaction};
 use crate::limits::{EXECUTE_AT_PAST_MAX_MS, SWEEP_BATCH_MAX};
 
@@ -152,8 +152,7 @@ impl Scheduler {
         if let Some(last) = rows.last() {
             swept.cursor.walked = Some(last.key.to_vec());
         }
-        let ids = rows.iter().filter_map(|kv| self.ks.parse_by_time(&kv.key).ok().map(|t| t.2));
-        for e in self.sweep_load(tx, ns, ids).await? {
+        for e in self.walk_load(tx, ns, &rows).await? {
             if expired(&e, before_ms) {
                 self.delete_execution(tx, &e).await?;
                 swept.deleted += 1;
@@ -212,6 +211,31 @@ impl Scheduler {
     ) -> Result<Vec<Execution>> {
         let ids: Vec<String> = ids.collect();
         let loads = ids.iter().map(|id| snapshot_execution(tx, &self.ks, ns, id));
+        let found = futures_util::future::try_join_all(loads).await?;
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// The executions the time index `rows` name that exist, like [`Self::sweep_load`]; the
+    /// rows carry the specs, so only the states are read.
+    async fn walk_load(
+        &self,
+        tx: &Transaction,
+        ns: &str,
+        rows: &[KeyValue],
+    ) -> Result<Vec<Execution>> {
+        let loads = rows.iter().filter_map(|kv| {
+            let id = self.ks.parse_by_time(&kv.key).ok()?.2;
+            Some(async move {
+                let Some(v) = tx.snapshot_get(&self.ks.execution(ns, &id)).await? else {
+                    return Ok::<_, Error>(None);
+                };
+                let mut e: Execution = decode("execution", &v)?;
+                if e.spec_apart {
+                    merge_spec(&mut e, Some(&kv.value))?;
+                }
+                Ok(Some(e))
+            })
+        });
         let found = futures_util::future::try_join_all(loads).await?;
         Ok(found.into_iter().flatten().collect())
     }

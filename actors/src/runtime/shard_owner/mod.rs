@@ -108,7 +108,32 @@ impl OwnerState {
         let (ctx, me) = (self.ctx.clone(), myself.clone());
         let (shard, epoch, batch) = (self.shard, self.epoch, self.batch);
         tokio::spawn(async move {
+            let began = ctx.sched.clock().now().as_millis();
             let r = ctx.sched.fire_due_holding(shard, epoch, now, batch, &offer, &hold).await;
+            if tracing::enabled!(tracing::Level::TRACE) {
+                let done = ctx.sched.clock().now().as_millis();
+                let (fired, matched, held) =
+                    r.as_ref().map_or((0, 0, 0), |o| (o.fired.len(), o.matched.len(), o.held));
+                let first_due =
+                    r.as_ref().ok().and_then(|o| o.fired.iter().map(|f| f.fire_at_ms).min());
+                let offered: usize =
+                    offer.values().map(|s| s.iter().map(|s| s.max).sum::<usize>()).sum();
+                tracing::trace!(
+                    shard,
+                    decided = now,
+                    began,
+                    done,
+                    want,
+                    offered,
+                    fired,
+                    matched,
+                    held,
+                    first_due,
+                    narrow = hold.narrow,
+                    ok = r.is_ok(),
+                    "fire"
+                );
+            }
             effects::fired(&ctx, shard, &r, reserved);
             let _ = me.send_message(OwnerMsg::Fired(r, now));
         });

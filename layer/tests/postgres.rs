@@ -50,6 +50,27 @@ async fn wait_for(cluster: &TempCluster, sql: &str) -> String {
     panic!("timed out waiting for: {sql}");
 }
 
+/// Polls `sql` until it prints something other than "" or "0" (`true`), or `task` ends first
+/// (`false`).
+async fn waits_or_ends<T>(
+    cluster: &TempCluster,
+    sql: &str,
+    task: &tokio::task::JoinHandle<T>,
+) -> bool {
+    let clock = SystemClock::default();
+    for _ in 0..500 {
+        let out = cluster.psql(sql).unwrap();
+        if !out.is_empty() && out != "0" {
+            return true;
+        }
+        if task.is_finished() {
+            return false;
+        }
+        clock.sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {sql}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_order_bytewise_like_foundationdb() {
     let db = connect(options(&shared_url(), "order")).await;
@@ -339,16 +360,26 @@ async fn a_connection_lost_in_commit_is_an_unknown_result() {
     put(&db, b"before", b"1").await;
     cluster.psql("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").unwrap();
     cluster.psql("SELECT pg_reload_conf()").unwrap();
-    let commit = {
-        let db = db.clone();
-        tokio::spawn(async move {
-            let tx = db.begin().unwrap();
-            tx.set(b"maybe", b"1").unwrap();
-            tx.commit().await
-        })
-    };
+    // The reload reaches each backend when it next looks (asynchronously): a commit may still
+    // go through without waiting. Such a commit is tried again, until one waits.
     let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
-    wait_for(&cluster, waiting).await;
+    let mut tries = 0;
+    let commit = loop {
+        tries += 1;
+        let commit = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                let tx = db.begin().unwrap();
+                tx.set(b"maybe", b"1").unwrap();
+                tx.commit().await
+            })
+        };
+        if waits_or_ends(&cluster, waiting, &commit).await {
+            break commit;
+        }
+        commit.await.unwrap().expect("a commit the reload had not reached yet");
+        assert!(tries < 20, "no commit ever waited for the synchronous standby");
+    };
     cluster
         .psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
         .unwrap();

@@ -253,10 +253,25 @@ pub fn main() -> ExitCode {
     match run_command(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kairos: {e:#}");
+            eprintln!("kairos: {}", said_once(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, "error: cause: cause", each cause said once: one whose text the
+/// message already holds (an error that names its source in its own message, as
+/// `StartError::Cluster` does) is not repeated.
+fn said_once(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -410,4 +425,22 @@ fn node_config(a: &NodeArgs) -> anyhow::Result<NodeConfig> {
     a.postgres.apply(&mut config)?;
     config.validate()?;
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_the_message_names_already_is_said_once() {
+        let inner = kairos_layer::ops::Error::FailedPrecondition(
+            "the store holds keyspace format 3 and this binary reads format 2 only".into(),
+        );
+        let e = anyhow::Error::new(crate::node::StartError::Cluster(inner)).context("starting");
+        let text = said_once(&e);
+        assert_eq!(text.matches("keyspace format 3").count(), 1, "{text}");
+        assert!(text.starts_with("starting: opening the cluster: "), "{text}");
+        let plain = anyhow::anyhow!("root cause").context("wrapper");
+        assert_eq!(said_once(&plain), "wrapper: root cause");
+    }
 }

@@ -37,17 +37,26 @@ async fn put(db: &Database, key: &[u8], value: &[u8]) {
     .unwrap();
 }
 
-/// Polls `sql` (through psql) until it prints something other than "" or "0".
-async fn wait_for(cluster: &TempCluster, sql: &str) -> String {
+/// Polls `sql` (through psql) until it prints something other than "" or "0" (that output), or
+/// `ended()` says to stop first (`None`). Panics after about five seconds of neither.
+async fn poll(cluster: &TempCluster, sql: &str, ended: impl Fn() -> bool) -> Option<String> {
     let clock = SystemClock::default();
     for _ in 0..500 {
         let out = cluster.psql(sql).unwrap();
         if !out.is_empty() && out != "0" {
-            return out;
+            return Some(out);
+        }
+        if ended() {
+            return None;
         }
         clock.sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting for: {sql}");
+}
+
+/// Polls `sql` until it prints something other than "" or "0".
+async fn wait_for(cluster: &TempCluster, sql: &str) -> String {
+    poll(cluster, sql, || false).await.expect("never ends early")
 }
 
 /// Polls `sql` until it prints something other than "" or "0" (`true`), or `task` ends first
@@ -57,18 +66,7 @@ async fn waits_or_ends<T>(
     sql: &str,
     task: &tokio::task::JoinHandle<T>,
 ) -> bool {
-    let clock = SystemClock::default();
-    for _ in 0..500 {
-        let out = cluster.psql(sql).unwrap();
-        if !out.is_empty() && out != "0" {
-            return true;
-        }
-        if task.is_finished() {
-            return false;
-        }
-        clock.sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {sql}");
+    poll(cluster, sql, || task.is_finished()).await.is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

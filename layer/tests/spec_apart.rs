@@ -9,32 +9,17 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
 
 use common::*;
-use kairos_layer::env::{ManualClock, Rng, SharedClock, Timestamp};
+use kairos_layer::env::{ManualClock, Timestamp};
 use kairos_layer::keys::{Keyspace, Tag};
 use kairos_layer::kv::Database;
-use kairos_layer::kv::embedded::EmbeddedDatabase;
 use kairos_layer::ops::check::check_records;
 use kairos_layer::ops::query::ListQuery;
 use kairos_layer::ops::submit::SubmitRequest;
-use kairos_layer::ops::{ClusterParams, Error, Scheduler};
+use kairos_layer::ops::{Error, Scheduler};
 use kairos_proto::storage::v1::{ClusterConfig, Execution, ExecutionSpec, ExecutionStatus};
 use prost::Message;
-
-const PARAMS: ClusterParams =
-    ClusterParams { shard_count: 4, bucket_width_ms: 60_000, ready_partitions: 2 };
-
-async fn open(path: &Path, clock: &ManualClock) -> (Database, Scheduler) {
-    let shared: SharedClock = Arc::new(clock.clone());
-    let db = EmbeddedDatabase::open_database(path, shared.clone(), Rng::seeded(1)).unwrap();
-    let sched = Scheduler::open(db.clone(), Keyspace::new("test"), shared, Rng::seeded(2), PARAMS)
-        .await
-        .expect("the store opens");
-    (db, sched)
-}
 
 fn numbered(i: usize, at: i64) -> SubmitRequest {
     let mut r = request(Some(&format!("key-{i}")), at);
@@ -137,7 +122,7 @@ async fn as_format_2(db: &Database, sched: &Scheduler) {
 async fn a_transition_rewrites_the_state_only_and_the_spec_is_kept_apart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let (db, sched) = open(&dir.path().join("kv.redb"), &clock).await;
+    let (db, sched) = open_file(&dir.path().join("kv.redb"), &clock).await;
     a_store(&sched, &clock).await;
     let ks = sched.keyspace().clone();
     let whole = all(&sched).await;
@@ -167,7 +152,7 @@ async fn a_format_2_store_is_read_as_it_is_and_split_at_each_record_s_next_write
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.redb");
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let (db, sched) = open(&path, &clock).await;
+    let (db, sched) = open_file(&path, &clock).await;
     let now = a_store(&sched, &clock).await;
     let before = all(&sched).await;
     as_format_2(&db, &sched).await;
@@ -177,7 +162,7 @@ async fn a_format_2_store_is_read_as_it_is_and_split_at_each_record_s_next_write
     db.close().await;
     drop((db, sched));
 
-    let (db, sched) = open(&path, &clock).await;
+    let (db, sched) = open_file(&path, &clock).await;
     assert_eq!(sched.config().format_version, 3, "raised at open, so format 2 binaries refuse it");
     let whole = raw(&db, &ks).await;
     assert!(whole.values().all(|(e, spec)| !e.spec_apart && spec.is_empty()), "nothing rewritten");
@@ -233,7 +218,7 @@ async fn a_format_2_store_is_read_as_it_is_and_split_at_each_record_s_next_write
 async fn a_state_without_its_spec_is_damage_reported_not_served_as_empty() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let (db, sched) = open(&dir.path().join("kv.redb"), &clock).await;
+    let (db, sched) = open_file(&dir.path().join("kv.redb"), &clock).await;
     a_store(&sched, &clock).await;
     let ks = sched.keyspace().clone();
     let whole = all(&sched).await;

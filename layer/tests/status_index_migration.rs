@@ -8,34 +8,20 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
 use kairos_layer::env::{ManualClock, Rng, SharedClock, Timestamp};
 use kairos_layer::keys::{Keyspace, Tag};
-use kairos_layer::kv::embedded::EmbeddedDatabase;
 use kairos_layer::kv::memory::FaultConfig;
 use kairos_layer::kv::{Database, RangeOption};
+use kairos_layer::ops::Scheduler;
 use kairos_layer::ops::check::check_records;
 use kairos_layer::ops::query::ListQuery;
-use kairos_layer::ops::{ClusterParams, Scheduler};
 use kairos_proto::storage::v1::{ClusterConfig, Execution, ExecutionError, ExecutionStatus};
 use prost::Message;
 
 const OTHER: &str = "other";
-const PARAMS: ClusterParams =
-    ClusterParams { shard_count: 4, bucket_width_ms: 60_000, ready_partitions: 2 };
-
-async fn open(path: &Path, clock: &ManualClock) -> (Database, Scheduler) {
-    let shared: SharedClock = Arc::new(clock.clone());
-    let db = EmbeddedDatabase::open_database(path, shared.clone(), Rng::seeded(1)).unwrap();
-    let sched = Scheduler::open(db.clone(), Keyspace::new("test"), shared, Rng::seeded(2), PARAMS)
-        .await
-        .expect("the store opens");
-    (db, sched)
-}
-
 fn in_ns(ns: &str, at: i64) -> kairos_layer::ops::submit::SubmitRequest {
     kairos_layer::ops::submit::SubmitRequest { namespace: ns.into(), ..request(None, at) }
 }
@@ -171,7 +157,7 @@ async fn migrates_from(level: u32, ranges: u64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kv.redb");
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let (db, sched) = open(&path, &clock).await;
+    let (db, sched) = open_file(&path, &clock).await;
     old_store(&db, &sched, &clock, level).await;
     let ks = sched.keyspace().clone();
     let before = indexed(&db, &ks).await;
@@ -187,7 +173,7 @@ async fn migrates_from(level: u32, ranges: u64) {
     db.close().await;
     drop((db, sched));
 
-    let (db, sched) = open(&path, &clock).await;
+    let (db, sched) = open_file(&path, &clock).await;
     assert_eq!(sched.config().status_index, 2, "recorded, so it runs once");
     let writes = db.write_counts().expect("the embedded store counts its writes");
     assert_eq!(writes.clear_ranges, ranges, "{writes:?}");
@@ -217,7 +203,7 @@ async fn migrates_from(level: u32, ranges: u64) {
     assert!(report.is_clean(), "{:#?}", report.findings);
     db.close().await;
     drop((db, sched));
-    let (db, _sched) = open(&path, &clock).await;
+    let (db, _sched) = open_file(&path, &clock).await;
     let writes = db.write_counts().unwrap();
     assert_eq!(writes.transactions, 0, "the next open writes nothing: {writes:?}");
     db.close().await;

@@ -22,6 +22,32 @@ pub(crate) fn decode<M: Message + Default>(what: &str, bytes: &[u8]) -> Result<M
     M::decode(bytes).map_err(|e| Error::Corrupt(format!("{what} record: {e}")))
 }
 
+/// How a record is read: conflicting with concurrent changes to it, or not (a snapshot read).
+#[derive(Clone, Copy)]
+enum Read {
+    Conflicting,
+    Snapshot,
+}
+
+/// Reads an execution record, with its spec when `spec` (the spec never changes, so it is always
+/// read without a conflict).
+async fn read_record(
+    tx: &Transaction,
+    ks: &Keyspace,
+    (ns, id): (&str, &str),
+    read: Read,
+    spec: bool,
+) -> Result<Option<Execution>> {
+    let key = ks.execution(ns, id);
+    let bytes = match read {
+        Read::Conflicting => tx.get(&key).await?,
+        Read::Snapshot => tx.snapshot_get(&key).await?,
+    };
+    let Some(bytes) = bytes else { return Ok(None) };
+    let e = decode("execution", &bytes)?;
+    Ok(Some(if spec { with_spec(tx, ks, e).await? } else { e }))
+}
+
 /// Reads an execution (non-snapshot: the transaction conflicts with concurrent changes to its
 /// state; its spec never changes, so it is read without one).
 pub(crate) async fn load_execution(
@@ -30,10 +56,7 @@ pub(crate) async fn load_execution(
     ns: &str,
     id: &str,
 ) -> Result<Option<Execution>> {
-    match tx.get(&ks.execution(ns, id)).await? {
-        Some(v) => Ok(Some(with_spec(tx, ks, decode("execution", &v)?).await?)),
-        None => Ok(None),
-    }
+    read_record(tx, ks, (ns, id), Read::Conflicting, true).await
 }
 
 /// Reads an execution's state only (non-snapshot), for a change that needs nothing of its spec
@@ -45,10 +68,7 @@ pub(crate) async fn load_state(
     ns: &str,
     id: &str,
 ) -> Result<Option<Execution>> {
-    match tx.get(&ks.execution(ns, id)).await? {
-        Some(v) => Ok(Some(decode("execution", &v)?)),
-        None => Ok(None),
-    }
+    read_record(tx, ks, (ns, id), Read::Conflicting, false).await
 }
 
 /// Reads an execution with a snapshot read (no conflict: listing and looking up).
@@ -58,10 +78,7 @@ pub(crate) async fn snapshot_execution(
     ns: &str,
     id: &str,
 ) -> Result<Option<Execution>> {
-    match tx.snapshot_get(&ks.execution(ns, id)).await? {
-        Some(v) => Ok(Some(with_spec(tx, ks, decode("execution", &v)?).await?)),
-        None => Ok(None),
-    }
+    read_record(tx, ks, (ns, id), Read::Snapshot, true).await
 }
 
 /// Completes a decoded execution record with its spec when the spec is kept apart (format 3):

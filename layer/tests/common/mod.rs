@@ -88,6 +88,27 @@ pub async fn world(seed: u64, faults: FaultConfig) -> World {
     World { sched, db, ks, clock, epochs, store, params }
 }
 
+/// The cluster parameters of a store on a real file (`open_file`).
+pub const FILE_PARAMS: ClusterParams =
+    ClusterParams { shard_count: 4, bucket_width_ms: 60_000, ready_partitions: 2 };
+
+/// Opens (creating it if need be) an embedded store on the file at `path`, as a node would:
+/// a format upgrade or index migration runs here.
+pub async fn open_file(path: &std::path::Path, clock: &ManualClock) -> (Database, Scheduler) {
+    let shared: SharedClock = Arc::new(clock.clone());
+    let db = kairos_layer::kv::embedded::EmbeddedDatabase::open_database(
+        path,
+        shared.clone(),
+        Rng::seeded(1),
+    )
+    .unwrap();
+    let ks = Keyspace::new("test");
+    let sched = Scheduler::open(db.clone(), ks, shared, Rng::seeded(2), FILE_PARAMS)
+        .await
+        .expect("the store opens");
+    (db, sched)
+}
+
 pub fn request(key: Option<&str>, execute_at_ms: i64) -> SubmitRequest {
     SubmitRequest {
         namespace: NS.into(),

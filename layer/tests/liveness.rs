@@ -251,3 +251,37 @@ async fn a_restarted_node_releases_what_its_previous_run_claimed_and_never_hande
     assert_eq!(again.len(), 3);
     w.check_invariants().await;
 }
+
+/// Another node is released from only while its record still shows it silent, read in the
+/// release transaction itself: a node whose view of the others was stale (a round whose reads
+/// stalled across a network cut) must not give back the attempts a live node is handing to
+/// its workers — they would start twice (tests/tests/cluster.rs, the cut-off, found it).
+#[tokio::test]
+async fn a_node_taken_for_dead_that_still_beats_keeps_its_claims() {
+    use kairos_proto::storage::v1::{ExecutionStatus, NodeRecord};
+
+    let w = world(41, FaultConfig::none()).await;
+    let a = w.sched.clone().with_holder("node-a");
+    for i in 0..3 {
+        w.sched.submit(request(Some(&format!("k{i}")), T0)).await.unwrap();
+    }
+    w.fire_all().await;
+    let beat = || NodeRecord { node_id: "node-a".into(), ..NodeRecord::default() };
+    w.sched.heartbeat_node(beat()).await.unwrap();
+    let claimed = a.claim_for(NS, "report", "w1", 3, None).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    w.advance_ms(9_000);
+    w.sched.heartbeat_node(beat()).await.unwrap(); // alive after all
+    w.advance_ms(1_000);
+    let silent_ms = 8_000;
+    let none = w.sched.release_dead_node_claims("node-a", silent_ms).await.unwrap();
+    assert!(none.is_empty(), "a node heard from 1 s ago is not dead: {none:?}");
+    for c in &claimed {
+        let e = w.sched.get(NS, &c.execution.id).await.unwrap();
+        assert_eq!(e.status, ExecutionStatus::Running as i32, "kept: {}", e.id);
+    }
+    w.advance_ms(8_000); // silent for 9 s now
+    let released = w.sched.release_dead_node_claims("node-a", silent_ms).await.unwrap();
+    assert_eq!(released.len(), 3, "silent past the bound: its unconfirmed claims go back");
+    w.check_invariants().await;
+}

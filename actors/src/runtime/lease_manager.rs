@@ -249,8 +249,9 @@ impl LeaseState {
                 continue;
             }
             let (ctx, id) = (self.ctx.clone(), node.0.clone());
+            let silent_ms = dead_after_ms(self.ctx.config.node_ttl_ms as i64);
             tokio::spawn(async move {
-                match ctx.sched.release_orphaned_claims(&id, ctx.now_ms()).await {
+                match ctx.sched.release_dead_node_claims(&id, silent_ms).await {
                     Ok(released) if released.is_empty() => {}
                     Ok(released) => {
                         tracing::info!(
@@ -347,13 +348,16 @@ async fn run_round(
     );
     heartbeat?;
     renewed?; // a failed renewal round keeps nothing; the owners stop if their leases run out
+    // The time before the reads: a read that stalls (a network cut, a paused process) then
+    // makes the others look fresher, never silent — a node must not take a live one for dead
+    // and release its claims (`release_dead_claims` checks that again in the store).
+    let now = ctx.now_ms();
     let nodes = sched.nodes().await?;
     let mut leases = Vec::new();
     for space in spaces {
         leases.extend(sched.partition_leases(*space).await?);
     }
-    let now = ctx.now_ms();
-    warn_of_skew(ctx, &nodes, now);
+    warn_of_skew(ctx, &nodes, ctx.now_ms());
     let ttl = c.node_ttl_ms as i64;
     let others = nodes.iter().any(|n| n.node_id != ctx.node_id && now - n.heartbeat_at_ms <= ttl);
     ctx.held.set_alone(!others);
@@ -383,7 +387,7 @@ async fn run_round(
 /// and beat for what they run), and for less than [`DEAD_NODE_CLAIMS_MS`] more: (node id,
 /// start of their run).
 pub fn recently_dead(me: &str, nodes: &[NodeRecord], now: i64, ttl_ms: i64) -> Vec<(String, i64)> {
-    let dead_after = ttl_ms + ORPHAN_RELEASE_AFTER_MS as i64;
+    let dead_after = dead_after_ms(ttl_ms);
     nodes
         .iter()
         .filter(|n| n.node_id != me)
@@ -393,6 +397,12 @@ pub fn recently_dead(me: &str, nodes: &[NodeRecord], now: i64, ttl_ms: i64) -> V
         })
         .map(|n| (n.node_id.clone(), n.started_at_ms))
         .collect()
+}
+
+/// How long a node is silent before it is dead to the others: `ttl_ms` plus
+/// [`ORPHAN_RELEASE_AFTER_MS`].
+fn dead_after_ms(ttl_ms: i64) -> i64 {
+    ttl_ms + ORPHAN_RELEASE_AFTER_MS as i64
 }
 
 /// A heartbeat cannot come from the future: one further ahead than the bound means the clocks

@@ -13,13 +13,13 @@
 //! token fenced (the attempt runs again: at least once); an attempt older than the receipts is
 //! left to its lease check, as before.
 
-use kairos_proto::storage::v1::{Execution, ExecutionStatus};
+use kairos_proto::storage::v1::{Execution, ExecutionStatus, NodeRecord};
 
 use super::Scheduler;
 use super::budget;
 use super::claim::{RECEIPT_KEEP_MS, Receipt};
 use super::error::{Error, Result};
-use super::records::load_execution;
+use super::records::{decode, load_execution};
 use super::worker::attempt_timeout_at_ms;
 use crate::kv::RangeOption;
 use crate::kv::limits::key_after;
@@ -39,11 +39,36 @@ impl Scheduler {
     /// before `before_ms`, in the last [`RECEIPT_KEEP_MS`], that are still RUNNING under that
     /// claim's token and were never confirmed by a worker. Returns the released executions
     /// (READY again, or CANCELLED if a cancel was asked). Call it only for a node that is not
-    /// running: the attempts of a live one may be on their way to its workers.
+    /// running: a restarted node for its previous run; for another node found silent, use
+    /// [`Scheduler::release_dead_node_claims`], which checks that in each transaction.
     pub async fn release_orphaned_claims(
         &self,
         holder: &str,
         before_ms: i64,
+    ) -> Result<Vec<Execution>> {
+        self.release_claims(holder, before_ms, None).await
+    }
+
+    /// [`Scheduler::release_orphaned_claims`] of another node, `holder`, found without a
+    /// heartbeat for more than `silent_ms`: each release transaction first reads its node record
+    /// and releases nothing once a heartbeat newer than that shows it alive. A node's view of
+    /// the others can be stale (a round whose reads stalled across a network cut, a paused
+    /// process): the attempts of a live node may be on their way to its workers, and
+    /// releasing them would start them twice.
+    pub async fn release_dead_node_claims(
+        &self,
+        holder: &str,
+        silent_ms: i64,
+    ) -> Result<Vec<Execution>> {
+        let now_ms = self.clock.now().as_millis();
+        self.release_claims(holder, now_ms, Some(silent_ms)).await
+    }
+
+    async fn release_claims(
+        &self,
+        holder: &str,
+        before_ms: i64,
+        silent_ms: Option<i64>,
     ) -> Result<Vec<Execution>> {
         let named = self.receipts_of(holder, before_ms).await?;
         let mut released = Vec::new();
@@ -51,13 +76,40 @@ impl Scheduler {
         while done < named.len() {
             let rest = &named[done..(done + ORPHANS_PER_TRANSACTION).min(named.len())];
             let now_ms = self.clock.now().as_millis();
-            let (seen, part) =
-                self.db.run(|tx| async move { self.release_in(&tx, rest, now_ms).await }).await?;
+            let outcome = self
+                .db
+                .run(|tx| async move {
+                    if let Some(silent_ms) = silent_ms
+                        && self.heard_from(&tx, holder, now_ms - silent_ms).await?
+                    {
+                        return Ok(None);
+                    }
+                    self.release_in(&tx, rest, now_ms).await.map(Some)
+                })
+                .await?;
+            let Some((seen, part)) = outcome else {
+                tracing::info!(node = holder, "a node taken for dead is alive: nothing released");
+                break;
+            };
             assert!(seen > 0, "a transaction looks at one attempt at least");
             done += seen;
             released.extend(part);
         }
         Ok(released)
+    }
+
+    /// Whether `node`'s record shows a heartbeat after `since_ms` (read in `tx`, so a release
+    /// conflicts with a heartbeat committed meanwhile).
+    async fn heard_from(
+        &self,
+        tx: &crate::kv::Transaction,
+        node: &str,
+        since_ms: i64,
+    ) -> Result<bool> {
+        match tx.get(&self.ks.node(node)).await? {
+            Some(v) => Ok(decode::<NodeRecord>("node", &v)?.heartbeat_at_ms > since_ms),
+            None => Ok(false),
+        }
     }
 
     /// What `holder`'s receipts written in the [`RECEIPT_KEEP_MS`] before `before_ms` name,

@@ -196,10 +196,18 @@ impl Scheduler {
         let mut out: Vec<Result<Submitted>> = Vec::with_capacity(prepared.len());
         while out.len() < prepared.len() {
             let (from, done) = (out.len(), &out);
+            // The ids were generated for this call: only a retry of the transaction (after an
+            // unknown commit result, possibly committed) can find one written — the first try
+            // does not read them.
+            let mut tries = 0u32;
             let part = self
                 .db
-                .run(|tx| async move {
-                    self.submit_part(&tx, prepared, first, (from, done), now_ms).await
+                .run(|tx| {
+                    tries += 1;
+                    let retry = tries > 1;
+                    async move {
+                        self.submit_part(&tx, prepared, first, (from, done, retry), now_ms).await
+                    }
                 })
                 .await?;
             assert!(!part.is_empty(), "a transaction takes at least one request");
@@ -216,7 +224,7 @@ impl Scheduler {
         tx: &Transaction,
         prepared: &[Result<Prepared>],
         first: &[Option<usize>],
-        (from, done): (usize, &[Result<Submitted>]),
+        (from, done, retry): (usize, &[Result<Submitted>], bool),
         now_ms: i64,
     ) -> Result<Vec<Result<Submitted>>> {
         let unique: Vec<&Prepared> = prepared[from..]
@@ -224,7 +232,7 @@ impl Scheduler {
             .zip(&first[from..])
             .filter_map(|(p, f)| p.as_ref().ok().filter(|_| f.is_none()))
             .collect();
-        let mut found = self.submit_reads(tx, &unique).await?.into_iter();
+        let mut found = self.submit_reads(tx, &unique, retry).await?.into_iter();
         let mut out: Vec<Result<Submitted>> = Vec::new();
         let mut wrote = 0;
         for (i, p) in prepared.iter().enumerate().skip(from) {
@@ -253,8 +261,14 @@ impl Scheduler {
     }
 
     /// Everything the submits of a batch read, issued concurrently: the definitions and shard
-    /// watermarks they need once each, and each request's idempotency key and generated id.
-    async fn submit_reads(&self, tx: &Transaction, items: &[&Prepared]) -> Result<Vec<Found>> {
+    /// watermarks they need once each, and each request's idempotency key — and, on a `retry`
+    /// of the transaction, its generated id.
+    async fn submit_reads(
+        &self,
+        tx: &Transaction,
+        items: &[&Prepared],
+        retry: bool,
+    ) -> Result<Vec<Found>> {
         let defs: BTreeSet<(&str, &str, u32)> = items
             .iter()
             .map(|p| {
@@ -281,7 +295,12 @@ impl Scheduler {
                     None => Ok(None),
                 }
             };
-            let own = load_execution(tx, &self.ks, ns, &p.id);
+            let own = async {
+                match retry {
+                    true => load_execution(tx, &self.ks, ns, &p.id).await,
+                    false => Ok(None),
+                }
+            };
             futures_util::future::try_join(idem, own).await
         });
         let (defs, wms, per_item) = futures_util::future::try_join3(

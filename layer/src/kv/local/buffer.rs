@@ -159,7 +159,9 @@ impl WriteBuffer {
         let m = Mutation::Set(key.to_vec(), v.clone());
         self.add_write(key.to_vec(), key_after(key), m, value.len())?;
         self.writes.insert(key.to_vec(), Pending::Value(v));
-        self.last_add.remove(key);
+        if !self.last_add.is_empty() {
+            self.last_add.remove(key);
+        }
         Ok(())
     }
 
@@ -167,7 +169,9 @@ impl WriteBuffer {
         check_key(key)?;
         self.add_write(key.to_vec(), key_after(key), Mutation::Clear(key.to_vec()), 0)?;
         self.writes.insert(key.to_vec(), Pending::Cleared);
-        self.last_add.remove(key);
+        if !self.last_add.is_empty() {
+            self.last_add.remove(key);
+        }
         Ok(())
     }
 
@@ -266,7 +270,9 @@ impl WriteBuffer {
         };
         self.add_write(key.to_vec(), key_after(key), m, value.len())?;
         self.writes.insert(key.to_vec(), Pending::Unreadable);
-        self.last_add.remove(key);
+        if !self.last_add.is_empty() {
+            self.last_add.remove(key);
+        }
         Ok(())
     }
 

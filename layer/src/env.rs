@@ -246,9 +246,42 @@ pub fn in_place<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Runs CPU-heavy work a client controls (parsing a definition, previewing a schedule) on the
+/// blocking pool of a multi-threaded runtime, off the threads that serve requests and renew
+/// leases; inline on a one-thread runtime, as in the simulation: a task finishing on another
+/// OS thread wakes its caller at a moment of real time, which would make a seed's trace depend
+/// on the machine's load.
+pub async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, tokio::task::JoinError> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::spawn_blocking(f).await,
+        _ => Ok(f()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The simulation's one-thread runtime runs blocking work inline, on the caller's thread
+    /// (nothing finishes at a moment of real time); a node's multi-threaded runtime runs it on
+    /// the blocking pool.
+    #[test]
+    fn off_runtime_is_inline_on_one_thread_and_pooled_on_many() {
+        fn here() -> std::thread::ThreadId {
+            std::thread::current().id()
+        }
+        let one = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (caller, ran) = one.block_on(async { (here(), off_runtime(here).await.unwrap()) });
+        assert_eq!(caller, ran, "inline on a one-thread runtime");
+        let many = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        let (caller, ran) = many.block_on(async {
+            tokio::spawn(async { (here(), off_runtime(here).await.unwrap()) }).await.unwrap()
+        });
+        assert_ne!(caller, ran, "on the blocking pool of a multi-threaded runtime");
+    }
 
     #[test]
     fn rng_is_deterministic_and_spread() {

@@ -14,10 +14,11 @@ use kairos_layer::ops::{self, error::invalid};
 use kairos_proto::storage::v1::JobDefinition;
 
 /// Parses a definition file on the blocking pool, off the runtime threads that serve requests
-/// and renew leases (parsing is bounded, but it is the one CPU-heavy step a client controls).
+/// and renew leases (parsing is bounded, but it is the one CPU-heavy step a client controls);
+/// inline in the simulation ([`kairos_layer::env::off_runtime`]).
 pub async fn parse_definition(source: Vec<u8>) -> ops::Result<JobDefinition> {
     let parsed =
-        tokio::task::spawn_blocking(move || kairos_layer::definition::parse_definition(&source))
+        kairos_layer::env::off_runtime(move || kairos_layer::definition::parse_definition(&source))
             .await
             .map_err(|e| invalid("definition", format!("could not be parsed: {e}")))?;
     parsed.map_err(|e| invalid(e.field(), e.reason()))

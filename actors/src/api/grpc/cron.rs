@@ -149,7 +149,7 @@ pub(crate) async fn preview_occurrences(
     now: i64,
     r: PreviewRequest,
 ) -> Result<Vec<Occurrence>, ops::Error> {
-    tokio::task::spawn_blocking(move || preview_now(now, &r))
+    kairos_layer::env::off_runtime(move || preview_now(now, &r))
         .await
         .map_err(|e| invalid("expression", format!("the preview could not be computed: {e}")))?
 }

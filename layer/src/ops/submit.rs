@@ -198,9 +198,10 @@ impl Scheduler {
             let (from, done) = (out.len(), &out);
             // The ids were generated for this call: only a retry of the transaction (after an
             // unknown commit result, possibly committed) can find one written — the first try
-            // does not read them. A retry takes at least what a committed first try took (it
-            // writes nothing for what it finds written, so its budget is not used up sooner),
-            // so the next part never starts inside what an earlier try wrote.
+            // does not read them. A retry takes at least what a committed first try took: it
+            // writes nothing for what it finds written, and its reads (≤ ~0.3 MB for 1,000
+            // requests) stay far under the transaction budget — so the next part never starts
+            // inside what an earlier try wrote.
             let mut tries = 0u32;
             let part = self
                 .db

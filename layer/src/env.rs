@@ -239,11 +239,14 @@ impl Rng {
 ///
 /// [`block_in_place`]: tokio::task::block_in_place
 pub fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    if on_many_threads() { tokio::task::block_in_place(f) } else { f() }
+}
+
+/// Whether the current task runs on a multi-threaded tokio runtime (a node; not the
+/// simulation's one-thread hosts).
+fn on_many_threads() -> bool {
     use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
+    matches!(Handle::try_current().map(|h| h.runtime_flavor()), Ok(RuntimeFlavor::MultiThread))
 }
 
 /// Runs CPU-heavy work a client controls (parsing a definition, previewing a schedule) on the
@@ -254,11 +257,7 @@ pub fn in_place<T>(f: impl FnOnce() -> T) -> T {
 pub async fn off_runtime<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::result::Result<T, tokio::task::JoinError> {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::spawn_blocking(f).await,
-        _ => Ok(f()),
-    }
+    if on_many_threads() { tokio::task::spawn_blocking(f).await } else { Ok(f()) }
 }
 
 #[cfg(test)]

@@ -76,6 +76,13 @@ pub(crate) struct WriteBuffer {
 }
 
 impl WriteBuffer {
+    /// `key` was written otherwise than by an add: a later add of it merges into nothing before.
+    fn forget_add(&mut self, key: &[u8]) {
+        if !self.last_add.is_empty() {
+            self.last_add.remove(key);
+        }
+    }
+
     fn in_cleared(&self, key: &[u8]) -> bool {
         self.cleared.iter().any(|(b, e)| b.as_slice() <= key && key < e.as_slice())
     }
@@ -159,9 +166,7 @@ impl WriteBuffer {
         let m = Mutation::Set(key.to_vec(), v.clone());
         self.add_write(key.to_vec(), key_after(key), m, value.len())?;
         self.writes.insert(key.to_vec(), Pending::Value(v));
-        if !self.last_add.is_empty() {
-            self.last_add.remove(key);
-        }
+        self.forget_add(key);
         Ok(())
     }
 
@@ -169,9 +174,7 @@ impl WriteBuffer {
         check_key(key)?;
         self.add_write(key.to_vec(), key_after(key), Mutation::Clear(key.to_vec()), 0)?;
         self.writes.insert(key.to_vec(), Pending::Cleared);
-        if !self.last_add.is_empty() {
-            self.last_add.remove(key);
-        }
+        self.forget_add(key);
         Ok(())
     }
 
@@ -270,9 +273,7 @@ impl WriteBuffer {
         };
         self.add_write(key.to_vec(), key_after(key), m, value.len())?;
         self.writes.insert(key.to_vec(), Pending::Unreadable);
-        if !self.last_add.is_empty() {
-            self.last_add.remove(key);
-        }
+        self.forget_add(key);
         Ok(())
     }
 

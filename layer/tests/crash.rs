@@ -3,6 +3,11 @@
 //! acknowledged key. Three kill/reopen rounds on the same file. The open after a kill verifies
 //! the store (the run did not close it cleanly), except when the store is larger than the
 //! bound for that, which the last round sets below the store's size.
+//!
+//! The rounds differ in where the acknowledged commits are when the child dies: round 0 with
+//! the default commit log (checkpoints each second: some in redb, the rest in the log), round 1
+//! with no checkpoint at all during the run (every commit only in the log, replayed at the
+//! open), round 2 without the log (each batch a durable redb commit).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -22,7 +27,13 @@ async fn crash_child() {
     let Ok(dir) = std::env::var(CHILD_ENV) else { return };
     let round: u64 = std::env::var("KAIROS_CRASH_ROUND").unwrap().parse().unwrap();
     let clock: SharedClock = Arc::new(SystemClock::default());
-    let db = EmbeddedDatabase::open_database(format!("{dir}/kv.redb"), clock, Rng::seeded(round))
+    let options = match round {
+        0 => EmbeddedOptions::default(),
+        1 => EmbeddedOptions { checkpoint_interval_ms: 3_600_000, ..Default::default() },
+        _ => EmbeddedOptions { commit_log: false, ..Default::default() },
+    };
+    let path = format!("{dir}/kv.redb");
+    let db = EmbeddedDatabase::open_database_with(path, clock, Rng::seeded(round), options)
         .expect("child opens the store");
     let mut joins = Vec::new();
     for w in 0..32u64 {
@@ -49,6 +60,24 @@ async fn crash_child() {
     for j in joins {
         j.await.unwrap();
     }
+}
+
+/// A copy of the crashed store whose log has one byte changed in its first frame: the open
+/// refuses the store as damaged (whole frames follow the bad one: not a crash's cut), naming
+/// the log, instead of serving it without the commits after the damage.
+fn a_damaged_log_is_refused_not_cut(dir: &std::path::Path, log: &std::path::Path) {
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.join("kv.redb"), copy.path().join("kv.redb")).unwrap();
+    let mut bytes = std::fs::read(log).unwrap();
+    bytes[30] ^= 0x01;
+    std::fs::write(copy.path().join("kv.redb.log"), &bytes).unwrap();
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let edb = EmbeddedDatabase::open_with(copy.path().join("kv.redb"), clock, Default::default())
+        .expect("a damaged store opens failed, not as an error");
+    let Integrity::Damaged { reason } = edb.integrity() else {
+        panic!("a damaged commit log is damage: {:?}", edb.integrity())
+    };
+    assert!(reason.contains("commit log") && reason.contains("kv.redb.log"), "{reason}");
 }
 
 #[test]
@@ -83,6 +112,12 @@ fn embedded_survives_sigkill() {
             }
         }
         child.wait().unwrap();
+        let log = dir.path().join("kv.redb.log");
+        let log_bytes = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        if round == 1 {
+            assert!(log_bytes() > 0, "round 1: the acknowledged commits are in the log");
+            a_damaged_log_is_refused_not_cut(dir.path(), &log);
+        }
 
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -104,6 +139,7 @@ fn embedded_survives_sigkill() {
                 }
                 (_, other) => panic!("round {round}: after a SIGKILL the open knows: {other:?}"),
             }
+            assert_eq!(log_bytes(), 0, "round {round}: the open replayed and emptied the log");
             let db = Database::new(Arc::new(edb), clock, Rng::seeded(0));
             let tx = db.begin().unwrap();
             let rows = tx.get_range(&RangeOption::prefix(b"ack/"), true).await.unwrap();

@@ -1,5 +1,6 @@
 //! The group committer: one thread that resolves queued commits in order and writes each
-//! batch in one redb transaction with one fsync.
+//! batch in one redb transaction with one fsync — of the commit log's frame for the batch, or,
+//! at a checkpoint, of redb's own durable commit (module [`log`](super::log)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::contain::contain;
 use super::engine::{Engine, classify, needs_reopen};
+use super::log::FrameBody;
 use super::{DATA, EmbeddedStats, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
@@ -40,10 +42,19 @@ pub(crate) struct Committer {
     active: Arc<ActiveReads>,
     /// The last version made durable (and visible to new snapshots).
     published: Arc<AtomicU64>,
+    /// The store writes of the batch being committed, as its commit log frame.
+    frame: FrameBody,
+    /// When redb last committed durably (the log was emptied).
+    last_checkpoint: crate::env::Timestamp,
+    /// The last batch failed writing the commit log (the engine itself is sound).
+    log_failed: bool,
 }
 
-struct TableTarget<'a, 't> {
-    table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
+/// Where a batch's store writes go: the redb table, and the commit log's frame when the batch
+/// is made durable by the log (`None` at a checkpoint and at the replay).
+pub(crate) struct TableTarget<'a, 't> {
+    pub table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
+    pub log: Option<&'a mut FrameBody>,
 }
 
 /// The committer has no logger: a failed re-check leaves the watches as they are (they fire on
@@ -59,6 +70,9 @@ impl ApplyTarget for TableTarget<'_, '_> {
         Ok(self.table.get(key).map_err(storage)?.map(|g| Bytes::copy_from_slice(g.value())))
     }
     fn put(&mut self, key: &[u8], value: Option<Bytes>) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.put(key, value.as_deref());
+        }
         match value {
             Some(v) => self.table.insert(key, v.as_ref()).map(|_| ()),
             None => self.table.remove(key).map(|_| ()),
@@ -66,6 +80,9 @@ impl ApplyTarget for TableTarget<'_, '_> {
         .map_err(storage)
     }
     fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.clear_range(begin, end);
+        }
         self.table.retain_in::<&[u8], _>(begin..end, |_, _| false).map_err(storage)
     }
 }
@@ -92,6 +109,7 @@ impl Committer {
         version: u64,
         (active, published): (Arc<ActiveReads>, Arc<AtomicU64>),
     ) -> Self {
+        let last_checkpoint = clock.now();
         Committer {
             engine,
             clock,
@@ -100,6 +118,9 @@ impl Committer {
             resolver: Resolver::new(version),
             active,
             published,
+            frame: FrameBody::default(),
+            last_checkpoint,
+            log_failed: false,
         }
     }
 
@@ -134,6 +155,36 @@ impl Committer {
                 });
             }
         }
+        self.checkpoint_at_close();
+    }
+
+    /// The store is closing: one durable engine commit takes in every commit the log holds, and
+    /// the log is emptied (a clean close leaves nothing to replay).
+    fn checkpoint_at_close(&mut self) {
+        if matches!(self.engine.health(), StoreHealth::Failed { .. }) {
+            return;
+        }
+        let mut log = self.engine.log();
+        let Some(log) = log.as_mut().filter(|l| l.len() > 0) else { return };
+        let committed = contain(|| -> Result<()> {
+            let db = self.engine.current()?;
+            let mut w = db.begin_write().map_err(storage)?;
+            w.set_quick_repair(true);
+            w.commit().map_err(storage)
+        });
+        if let Ok(Ok(())) = committed {
+            let _ = log.reset();
+        }
+    }
+
+    /// Whether this batch is a checkpoint: committed durably by redb, the log emptied.
+    fn checkpoint_due(&self) -> bool {
+        let options = self.engine.options();
+        let log_bytes = self.engine.log().as_ref().map_or(0, |l| l.len());
+        !options.commit_log
+            || log_bytes >= options.checkpoint_log_bytes
+            || self.clock.now().since(self.last_checkpoint).as_millis()
+                >= u128::from(options.checkpoint_interval_ms)
     }
 
     fn commit_batch(&mut self, batch: Vec<Job>) {
@@ -176,7 +227,14 @@ impl Committer {
         changes: &mut Vec<Change>,
     ) -> Result<()> {
         let db = self.engine.current()?;
+        let checkpoint = self.checkpoint_due();
         let mut w = db.begin_write().map_err(storage)?;
+        if !checkpoint {
+            // Made durable by the commit log's sync below; redb keeps the pages in memory and
+            // writes them once, at the next checkpoint.
+            w.set_durability(redb::Durability::None)
+                .map_err(|e| Error::Storage(format!("write: {e}")))?;
+        }
         // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
         // over the whole file (redb then writes its allocator state with each commit, and
         // commits in two phases, so a damaged primary is reported, never rolled back to the
@@ -190,7 +248,9 @@ impl Committer {
             // The whole batch folded: one store write per distinct key, in key order.
             let folded: Vec<(&[Mutation], Versionstamp)> =
                 resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
-            let mut target = TableTarget { table: &mut table };
+            self.frame.clear();
+            let log = (!checkpoint).then_some(&mut self.frame);
+            let mut target = TableTarget { table: &mut table, log };
             changes.extend(apply_batch(&mut target, &folded, collect)?);
             meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
         }
@@ -198,9 +258,48 @@ impl Committer {
             w.abort().map_err(storage)?;
             return Ok(());
         }
-        w.commit().map_err(storage)?;
+        if checkpoint {
+            w.commit().map_err(storage)?;
+            self.checkpointed();
+        } else {
+            self.logged_commit(w)?;
+        }
         for (m, _) in &resolved {
             self.stats.writes.committed(m);
+        }
+        Ok(())
+    }
+
+    /// A durable engine commit happened: the log's frames are all in it.
+    fn checkpointed(&mut self) {
+        self.last_checkpoint = self.clock.now();
+        if let Some(log) = self.engine.log().as_mut() {
+            // If emptying fails, the frames left are at or below the durable version: a replay
+            // skips them, and the next checkpoint tries again.
+            let _ = log.reset();
+        }
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The batch's frame appended to the commit log and synced, then redb's commit (not synced)
+    /// makes it visible. A failed append commits nothing (the frame is cut off the log); a
+    /// failed engine commit after the sync leaves the batch durable but not visible: its result
+    /// is unknown to its callers, and the re-open replays it.
+    fn logged_commit(&mut self, w: redb::WriteTransaction) -> Result<()> {
+        let appended = match self.engine.log().as_mut() {
+            Some(log) => log.append(self.resolver.version(), &self.frame),
+            None => Err(Error::Storage("the commit log is not open".into())),
+        };
+        if let Err(e) = appended {
+            self.log_failed = true;
+            let _ = w.abort();
+            return Err(e);
+        }
+        if let Err(e) = w.commit() {
+            let e = storage(e);
+            self.refuse_writes(&e);
+            let _ = self.engine.reopen();
+            return Err(Error::CommitUnknownResult);
         }
         Ok(())
     }
@@ -267,8 +366,11 @@ impl Committer {
     /// before anyone hears of the failure (a caller that sees the error and asks for the health
     /// finds the reason).
     fn failed(&mut self, e: &Error, accepted: Vec<Accepted>) {
-        let reopen = needs_reopen(e);
-        if reopen {
+        // A failed append to the commit log leaves the engine sound: no re-open (which would
+        // need space to replay the log while the disk is full).
+        let log_failed = std::mem::take(&mut self.log_failed);
+        let reopen = needs_reopen(e) && !log_failed;
+        if reopen || log_failed {
             self.refuse_writes(e);
         }
         for (reply, _) in accepted {

@@ -23,10 +23,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use redb::StorageBackend;
+use redb::{ReadableDatabase, StorageBackend};
 
 use super::EmbeddedOptions;
+use super::committer::TableTarget;
 use super::contain::contain;
+use super::log::{self, CommitLog};
+use super::{DATA, META, META_VERSION};
 use crate::kv::StoreHealth;
 use crate::kv::error::{Error, Result};
 
@@ -44,6 +47,8 @@ pub(crate) struct Engine {
     health: Mutex<StoreHealth>,
     /// What the open found damaged, if it did.
     damaged: Mutex<Option<String>>,
+    /// The commit log, emptied at each open (its frames re-applied) and at each checkpoint.
+    log: Mutex<Option<CommitLog>>,
 }
 
 /// Why an open did not give an engine.
@@ -120,6 +125,7 @@ impl Engine {
             options,
             health: Mutex::new(StoreHealth::Healthy),
             damaged: Mutex::new(None),
+            log: Mutex::new(None),
         };
         match engine.open_db(verify) {
             Ok(db) => {
@@ -213,7 +219,85 @@ impl Engine {
                 "every page of the store verified"
             );
         }
+        match contain(|| self.recover(&db)) {
+            Ok(recovered) => recovered?,
+            Err(panic) => {
+                return Err(Opened::Damaged(format!(
+                    "the engine failed replaying the log ({panic})"
+                )));
+            }
+        }
         Ok(db)
+    }
+
+    /// Re-applies the commit log's frames above the engine's durable version in one durable
+    /// commit, then empties the log (module [`log`]). Run by every open: a re-open after an
+    /// I/O error loses redb's unsynced commits, which the log holds.
+    fn recover(&self, db: &redb::Database) -> std::result::Result<(), Opened> {
+        let mut slot = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = None;
+        let bytes = log::read_file(&self.path).map_err(Opened::Failed)?;
+        let read = log::read_frames(&bytes).map_err(|why| {
+            Opened::Damaged(format!(
+                "{why}; to open the store without the commits after that point, move {} away",
+                log::log_path(&self.path).display()
+            ))
+        })?;
+        let failed = |e: redb::Error| Opened::Failed(classify("replay the commit log", e));
+        let durable = {
+            let r = db.begin_read().map_err(|e| failed(e.into()))?;
+            match r.open_table(META) {
+                Ok(meta) => {
+                    meta.get(META_VERSION).map_err(|e| failed(e.into()))?.map_or(0, |g| g.value())
+                }
+                Err(redb::TableError::TableDoesNotExist(_)) => 0,
+                Err(e) => return Err(failed(e.into())),
+            }
+        };
+        let frames: Vec<&log::Frame<'_>> =
+            read.frames.iter().filter(|f| f.version > durable).collect();
+        if let Some(last) = frames.last() {
+            let mut w = db.begin_write().map_err(|e| failed(e.into()))?;
+            w.set_quick_repair(true);
+            {
+                let mut table = w.open_table(DATA).map_err(|e| failed(e.into()))?;
+                let mut target = TableTarget { table: &mut table, log: None };
+                for f in &frames {
+                    log::apply_frame(f, &mut target).map_err(|e| match e {
+                        Error::Storage(m) if m.starts_with("the commit log") => Opened::Damaged(m),
+                        other => Opened::Failed(other),
+                    })?;
+                }
+                let mut meta = w.open_table(META).map_err(|e| failed(e.into()))?;
+                meta.insert(META_VERSION, last.version).map_err(|e| failed(e.into()))?;
+            }
+            w.commit().map_err(|e| failed(e.into()))?;
+        }
+        if !bytes.is_empty() {
+            tracing::info!(
+                store = %self.path.display(),
+                replayed = frames.len(),
+                skipped = read.frames.len() - frames.len(),
+                dropped_bytes = read.dropped_bytes,
+                "commit log recovered"
+            );
+        }
+        let faults = log::Faults {
+            full: self.options.disk_writes_fail.clone(),
+            panics: self.options.engine_panics.clone(),
+        };
+        *slot = Some(log::open_empty(&self.path, faults).map_err(Opened::Failed)?);
+        Ok(())
+    }
+
+    /// The commit log (`None` while the engine is closed).
+    pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, Option<CommitLog>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store's settings.
+    pub(crate) fn options(&self) -> &EmbeddedOptions {
+        &self.options
     }
 
     /// The engine, or why it is not available now. While a re-open is under way (milliseconds,

@@ -71,6 +71,13 @@ fn a_damaged_log_is_refused_not_cut(dir: &std::path::Path, log: &std::path::Path
     let mut bytes = std::fs::read(log).unwrap();
     bytes[30] ^= 0x01;
     std::fs::write(copy.path().join("kv.redb.log"), &bytes).unwrap();
+    // `kairos check`'s engine check reads the log back too.
+    match kairos_layer::kv::embedded::check_file(&copy.path().join("kv.redb")) {
+        Ok(kairos_layer::kv::embedded::EngineCheck::Damaged(why)) => {
+            assert!(why.contains("commit log"), "{why}")
+        }
+        other => panic!("the check finds the damaged log: {other:?}"),
+    }
     let clock: SharedClock = Arc::new(SystemClock::default());
     let edb = EmbeddedDatabase::open_with(copy.path().join("kv.redb"), clock, Default::default())
         .expect("a damaged store opens failed, not as an error");

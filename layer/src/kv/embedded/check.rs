@@ -1,11 +1,13 @@
 //! The storage engine's own integrity check of a stopped store (`kairos check`): redb verifies
-//! its pages and checksums, and rebuilds its allocator state if that alone is wrong.
+//! its pages and checksums, and rebuilds its allocator state if that alone is wrong; the
+//! commit log's frames are read back (their checksums verified).
 
 use std::path::Path;
 
 use super::contain::contain;
 use super::engine::is_read_past_end;
 use super::integrity;
+use super::log;
 
 /// What the engine's check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +59,15 @@ pub fn check_file(path: &Path) -> Result<EngineCheck, String> {
             Ok(true) => EngineCheck::Clean,
             Ok(false) => EngineCheck::Repaired,
             Err(e) => EngineCheck::Damaged(e.to_string()),
+        };
+        // The commit log (what a crash left to replay): its frames must read back whole.
+        let found = match log::read_file(path).map(|b| log::read_frames(&b).map(|_| ())) {
+            Ok(Ok(())) => found,
+            Ok(Err(why)) => EngineCheck::Damaged(format!(
+                "{why}; to open the store without the commits after that point, move {} away",
+                log::log_path(path).display()
+            )),
+            Err(e) => return Err(e.to_string()),
         };
         let closed = db.close().is_ok();
         Ok((found, closed))

@@ -94,6 +94,8 @@ fn open_embedded(
     let options = EmbeddedOptions {
         cache_bytes: usize::try_from(config.store_cache_mib * 1024 * 1024).unwrap_or(usize::MAX),
         verify_after_crash_bytes_max: config.store_verify_after_crash_mib.saturating_mul(1 << 20),
+        commit_log: config.store_checkpoint_ms > 0,
+        checkpoint_interval_ms: config.store_checkpoint_ms,
         ..Default::default()
     };
     let edb = EmbeddedDatabase::open_with(&path, clock.clone(), options)

@@ -203,6 +203,11 @@ pub struct NodeConfig {
     /// run that did not close it cleanly (seconds per GiB); a larger one opens unverified and
     /// `/healthz` says so until `kairos check` verified it.
     pub store_verify_after_crash_mib: u64,
+    /// The longest time, in ms, between two durable commits of the embedded store's engine:
+    /// between them each group commit is made durable by the store's commit log
+    /// (`kv.redb.log`, one append and sync), which a crash leaves to replay at the next start.
+    /// `0`: no commit log, every group commit is a durable engine commit (ADR 0011).
+    pub store_checkpoint_ms: u64,
     /// `keys`: every API call needs an API key; `off`: none (anyone who reaches the ports may
     /// do everything). Absent: `kairos serve` requires keys, `kairos dev` and nodes embedded
     /// in a program do not.
@@ -261,6 +266,7 @@ impl Default for NodeConfig {
             store_cache_mib: 128,
             new_store: false,
             store_verify_after_crash_mib: 256,
+            store_checkpoint_ms: kairos_layer::kv::embedded::CHECKPOINT_INTERVAL_MS,
             auth: None,
         }
     }
@@ -281,7 +287,7 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 31] = [
+pub const ENV_VARS: [(&str, &str); 32] = [
     ("KAIROS_AUTH", "auth"),
     ("KAIROS_FAIR_SCAN_ROWS", "fair_scan_rows"),
     ("KAIROS_NODE_ID", "node_id"),
@@ -296,6 +302,7 @@ pub const ENV_VARS: [(&str, &str); 31] = [
     ("KAIROS_OTLP_ENDPOINT", "otlp_endpoint"),
     ("KAIROS_STORE_CACHE_MIB", "store_cache_mib"),
     ("KAIROS_STORE_VERIFY_AFTER_CRASH_MIB", "store_verify_after_crash_mib"),
+    ("KAIROS_STORE_CHECKPOINT_MS", "store_checkpoint_ms"),
     ("KAIROS_FDB_CLUSTER_FILE", "fdb_cluster_file"),
     ("KAIROS_POSTGRES_URL", "postgres_url"),
     ("KAIROS_POSTGRES_SCHEMA", "postgres_schema"),
@@ -380,6 +387,7 @@ impl NodeConfig {
             "fair_scan_rows" => self.fair_scan_rows = num(value)? as usize,
             "store_cache_mib" => self.store_cache_mib = num(value)?,
             "store_verify_after_crash_mib" => self.store_verify_after_crash_mib = num(value)?,
+            "store_checkpoint_ms" => self.store_checkpoint_ms = num(value)?,
             "postgres_pool_size" => self.postgres_pool_size = num(value)? as usize,
             "postgres_statement_timeout_ms" => self.postgres_statement_timeout_ms = num(value)?,
             _ => return Ok(false),
@@ -451,6 +459,12 @@ impl NodeConfig {
         self.validate_tls()?;
         if !(8..=65_536).contains(&self.store_cache_mib) {
             return Err(bad("store_cache_mib", "must be between 8 and 65536"));
+        }
+        if self.store_checkpoint_ms > 60_000 {
+            return Err(bad(
+                "store_checkpoint_ms",
+                "must be between 0 (no commit log) and 60000 (a crash replays at most a minute)",
+            ));
         }
         if let Some((ns, _)) =
             self.namespace_weights.iter().find(|(_, w)| !(1..=1_000).contains(*w))

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::contain::contain;
-use super::engine::is_read_past_end;
+use super::errors::is_read_past_end;
 use super::integrity;
 use super::log;
 

@@ -7,19 +7,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 
 use bytes::Bytes;
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableDatabase;
 use tokio::sync::oneshot;
 
 use super::contain::contain;
-use super::engine::{Engine, classify, needs_reopen};
-use super::log::FrameBody;
+use super::engine::Engine;
+use super::errors::{classify, needs_reopen};
+use super::log::{FrameBody, TableTarget};
 use super::{DATA, EmbeddedStats, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
 use crate::kv::limits::GROUP_COMMIT_TRANSACTIONS_MAX;
-use crate::kv::local::mutation::{
-    ApplyTarget, Change, Mutation, apply_batch, stamped_write_ranges,
-};
+use crate::kv::local::mutation::{Change, Mutation, apply_batch, stamped_write_ranges};
 use crate::kv::local::resolver::Resolver;
 use crate::kv::local::watch::Watches;
 use crate::kv::local::{ActiveReads, CommitRequest};
@@ -50,41 +49,12 @@ pub(crate) struct Committer {
     log_failed: bool,
 }
 
-/// Where a batch's store writes go: the redb table, and the commit log's frame when the batch
-/// is made durable by the log (`None` at a checkpoint and at the replay).
-pub(crate) struct TableTarget<'a, 't> {
-    pub table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
-    pub log: Option<&'a mut FrameBody>,
-}
-
 /// The committer has no logger: a failed re-check leaves the watches as they are (they fire on
 /// the next change of their keys).
 fn tracing_free_warn(_: &Error) {}
 
 fn storage(e: impl Into<redb::Error>) -> Error {
     classify("write", e)
-}
-
-impl ApplyTarget for TableTarget<'_, '_> {
-    fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>> {
-        Ok(self.table.get(key).map_err(storage)?.map(|g| Bytes::copy_from_slice(g.value())))
-    }
-    fn put(&mut self, key: &[u8], value: Option<Bytes>) -> Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.put(key, value.as_deref());
-        }
-        match value {
-            Some(v) => self.table.insert(key, v.as_ref()).map(|_| ()),
-            None => self.table.remove(key).map(|_| ()),
-        }
-        .map_err(storage)
-    }
-    fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.clear_range(begin, end);
-        }
-        self.table.retain_in::<&[u8], _>(begin..end, |_, _| false).map_err(storage)
-    }
 }
 
 impl Committer {

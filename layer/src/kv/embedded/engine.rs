@@ -26,8 +26,9 @@ use std::time::Duration;
 use redb::{ReadableDatabase, StorageBackend};
 
 use super::EmbeddedOptions;
-use super::committer::TableTarget;
 use super::contain::contain;
+use super::errors::{classify, is_disk_full, is_read_past_end};
+use super::log::TableTarget;
 use super::log::{self, CommitLog};
 use super::{DATA, META, META_VERSION};
 use crate::kv::StoreHealth;
@@ -68,44 +69,6 @@ const REOPEN_WAIT: Duration = Duration::from_secs(2);
 /// Free space the store keeps in reserve: below it, commits are refused as if the disk were
 /// full (a commit may need several times its own size: copy-on-write pages, allocator state).
 pub const FREE_SPACE_RESERVE_BYTES: u64 = 64 * 1024 * 1024;
-
-/// Whether an I/O error says the disk is full.
-fn is_disk_full(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(28)
-}
-
-/// Whether an I/O error of the engine opening an existing file says the file ends before what
-/// its own header points to: a damaged length or page number, never a fault of the disk.
-pub(crate) fn is_read_past_end(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::UnexpectedEof
-}
-
-/// How an engine I/O error's message starts (after it, redb must be re-opened).
-const IO_ERROR: &str = "I/O error";
-
-/// A redb error as the KV layer's: ENOSPC is `StorageFull`; other I/O errors are `Storage`
-/// starting with [`IO_ERROR`]; anything else `Storage`.
-pub(crate) fn classify(what: &str, e: impl Into<redb::Error>) -> Error {
-    let e: redb::Error = e.into();
-    match &e {
-        redb::Error::Io(io) if is_disk_full(io) => {
-            Error::StorageFull(format!("{what}: the disk is full ({io})"))
-        }
-        redb::Error::Io(_) | redb::Error::PreviousIo => {
-            Error::Storage(format!("{IO_ERROR} in {what}: {e}"))
-        }
-        _ => Error::Storage(format!("{what}: {e}")),
-    }
-}
-
-/// Whether an error came from the engine's I/O (after which redb must be re-opened).
-pub(crate) fn needs_reopen(e: &Error) -> bool {
-    match e {
-        Error::StorageFull(_) => true,
-        Error::Storage(m) => m.starts_with(IO_ERROR),
-        _ => false,
-    }
-}
 
 impl Engine {
     /// Opens the engine at `path`; with `verify`, redb checks every page's checksum first (the
@@ -195,23 +158,7 @@ impl Engine {
                 return Err(Opened::Damaged(format!("the engine failed reading it ({panic})")));
             }
         };
-        let db = opened.map_err(|e| match &e {
-            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(io) => {
-                Opened::Failed(Error::StorageFull(format!(
-                    "cannot open {}: the disk is full ({io})",
-                    self.path.display()
-                )))
-            }
-            redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
-                Opened::Damaged(why.clone())
-            }
-            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_read_past_end(io) => {
-                Opened::Damaged(format!("a read past the end of the file ({io})"))
-            }
-            _ => {
-                Opened::Failed(Error::Storage(format!("cannot open {}: {e}", self.path.display())))
-            }
-        })?;
+        let db = opened.map_err(|e| self.open_failed(e))?;
         if verify.is_some() {
             tracing::info!(
                 store = %self.path.display(),
@@ -228,6 +175,27 @@ impl Engine {
             }
         }
         Ok(db)
+    }
+
+    /// Why redb did not open the file.
+    fn open_failed(&self, e: redb::DatabaseError) -> Opened {
+        match &e {
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_disk_full(io) => {
+                Opened::Failed(Error::StorageFull(format!(
+                    "cannot open {}: the disk is full ({io})",
+                    self.path.display()
+                )))
+            }
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
+                Opened::Damaged(why.clone())
+            }
+            redb::DatabaseError::Storage(redb::StorageError::Io(io)) if is_read_past_end(io) => {
+                Opened::Damaged(format!("a read past the end of the file ({io})"))
+            }
+            _ => {
+                Opened::Failed(Error::Storage(format!("cannot open {}: {e}", self.path.display())))
+            }
+        }
     }
 
     /// Re-applies the commit log's frames above the engine's durable version in one durable

@@ -25,10 +25,15 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
+use redb::ReadableTable;
+
+use super::errors::classify;
 use crate::kv::error::{Error, Result};
 use crate::kv::local::mutation::ApplyTarget;
 
@@ -84,6 +89,39 @@ impl FrameBody {
     }
 }
 
+/// Where a batch's store writes go: the redb table, and the commit log's frame when the batch
+/// is made durable by the log (`None` at a checkpoint and at the replay).
+pub(crate) struct TableTarget<'a, 't> {
+    pub table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
+    pub log: Option<&'a mut FrameBody>,
+}
+
+impl ApplyTarget for TableTarget<'_, '_> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>> {
+        Ok(self
+            .table
+            .get(key)
+            .map_err(|e| classify("write", e))?
+            .map(|g| Bytes::copy_from_slice(g.value())))
+    }
+    fn put(&mut self, key: &[u8], value: Option<Bytes>) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.put(key, value.as_deref());
+        }
+        match value {
+            Some(v) => self.table.insert(key, v.as_ref()).map(|_| ()),
+            None => self.table.remove(key).map(|_| ()),
+        }
+        .map_err(|e| classify("write", e))
+    }
+    fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> Result<()> {
+        if let Some(log) = self.log.as_mut() {
+            log.clear_range(begin, end);
+        }
+        self.table.retain_in::<&[u8], _>(begin..end, |_, _| false).map_err(|e| classify("write", e))
+    }
+}
+
 fn frame_crc(version: u64, body: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&version.to_le_bytes());
@@ -130,10 +168,12 @@ impl CommitLog {
     /// Opens (creating) the log of `store`, to append after `len` bytes of whole frames.
     fn open_at(store: &Path, len: u64, faults: Faults) -> Result<CommitLog> {
         let path = log_path(store);
+        // Private like the store (the node makes its data directory's files 0600).
         let file = OpenOptions::new()
             .create(true)
             .read(true)
             .append(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| io_error(&path, "open", &e))?;
         let mut log =
@@ -309,6 +349,20 @@ pub(crate) fn read_file(store: &Path) -> Result<Vec<u8>> {
         Err(e) => return Err(io_error(&path, "open", &e)),
     }
     Ok(bytes)
+}
+
+/// Refuses a log whose store is missing: replayed onto a new, empty store it would make a
+/// store of the log's last second alone.
+pub(crate) fn refuse_without_store(store: &Path) -> Result<()> {
+    if read_file(store)?.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Storage(format!(
+        "{} holds commits of a store that is not there ({} is missing): restore the store, or \
+         move the log away to start a new one",
+        log_path(store).display(),
+        store.display()
+    )))
 }
 
 /// Opens the log of `store` for appending, empty (call once its frames are in a durable

@@ -3,11 +3,12 @@
 //!
 //! Concurrent commits queue for one committer thread, which takes every commit waiting,
 //! resolves them in order against the conflict history, writes all that pass in **one** redb
-//! write transaction and makes it durable with **one** fsync (redb `Durability::Immediate`);
-//! only then is each commit acknowledged. Readers use redb read transactions (MVCC snapshots),
-//! whose version is stored in the same file, so a snapshot and its version always agree.
-//! A crash loses nothing acknowledged: redb's commit is atomic and durable (two-phase), and
-//! reopening recovers the last durable commit. No write-ahead log of our own.
+//! write transaction and makes it durable with **one** fsync: of the batch's frame in the
+//! commit log, then an unsynced redb commit; or, at a checkpoint, redb's own durable commit
+//! (module [`log`], ADR 0011). Only then is each commit acknowledged and visible. Readers use
+//! redb read transactions (MVCC snapshots), whose version is stored in the same file, so a
+//! snapshot and its version always agree. A crash loses nothing acknowledged: reopening
+//! recovers redb's last durable commit and re-applies the log's frames above it.
 //!
 //! **A damaged store is not served** (ADR 0009): when the file changed since it was closed
 //! cleanly, or after a run that did not close it cleanly (up to a size bound), the open runs
@@ -23,6 +24,7 @@ mod check;
 mod committer;
 mod contain;
 mod engine;
+mod errors;
 mod integrity;
 mod log;
 
@@ -197,13 +199,8 @@ impl EmbeddedDatabase {
             })?;
         }
         let (why, unverified) = integrity::decide(&path, &options)?;
-        if matches!(unverified, Some(Integrity::New)) && !log::read_file(&path)?.is_empty() {
-            return Err(Error::Storage(format!(
-                "{} holds commits of a store that is not there ({} is missing): restore the \
-                 store, or move the log away to start a new one",
-                log::log_path(&path).display(),
-                path.display()
-            )));
+        if matches!(unverified, Some(Integrity::New)) {
+            log::refuse_without_store(&path)?;
         }
         let engine = Arc::new(Engine::open(path.clone(), options, why.as_deref())?);
         let integrity = match (engine.damaged(), why, unverified) {

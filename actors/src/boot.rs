@@ -58,6 +58,7 @@ impl Node {
             batcher: Batcher::start(sched.clone()),
             matchmaker: Arc::new(Matchmaker::new(config.queue_concurrency.clone())),
             held: Arc::default(),
+            fire_gate: Arc::default(),
             sched,
             clock,
             metrics,

@@ -16,6 +16,7 @@ use ractor::{ActorId, ActorRef, Message};
 
 use super::batcher::Batcher;
 use super::cron_api::SdkExecutions;
+use super::fire_gate::FireGate;
 use super::held::Held;
 use super::matchmaker::Matchmaker;
 use super::messages::{CronMsg, DispatcherMsg, OwnerMsg};
@@ -41,6 +42,8 @@ pub struct Ctx {
     pub matchmaker: Arc<Matchmaker>,
     /// Shard owners holding due executions for this node's busy workers.
     pub held: Arc<Held>,
+    /// The first fire of a burst runs alone.
+    pub fire_gate: Arc<FireGate>,
     /// Results and heartbeats, batched into few transactions.
     pub batcher: Batcher,
     /// The executions API as the cron service reaches it (the SDK client, in process).

@@ -7,6 +7,7 @@ pub mod cron_owner;
 pub mod dispatcher;
 pub(crate) mod effects;
 pub mod execution_timer;
+pub mod fire_gate;
 pub mod held;
 pub mod lease_manager;
 pub mod matchmaker;

@@ -30,6 +30,7 @@ use self::window::{OwnerAction, Window};
 use super::context::{Ctx, send_after};
 use super::effects;
 use super::execution_timer::{ExecutionTimer, TimerArgs};
+use super::fire_gate::{self, Pass};
 use super::messages::{OwnerMsg, TimerMsg};
 
 /// The shard owner actor.
@@ -105,9 +106,18 @@ impl OwnerState {
         // the poll looks at the whole bucket, so nothing waits unseen behind a held backlog for
         // more than a poll interval.
         let hold = self.ctx.held.hold(&self.ctx.matchmaker, !self.window.polling());
+        let pass = self.ctx.fire_gate.enter(now, !offer.is_empty());
         let (ctx, me) = (self.ctx.clone(), myself.clone());
         let (shard, epoch, batch) = (self.shard, self.epoch, self.batch);
         tokio::spawn(async move {
+            let lead = match pass {
+                Pass::Lead(tx) => Some(tx),
+                Pass::Follow(rx) => {
+                    fire_gate::follow(&ctx.clock, rx).await;
+                    None
+                }
+                Pass::Go => None,
+            };
             let began = ctx.sched.clock().now().as_millis();
             let r = ctx.sched.fire_due_holding(shard, epoch, now, batch, &offer, &hold).await;
             if tracing::enabled!(tracing::Level::TRACE) {
@@ -135,6 +145,10 @@ impl OwnerState {
                 );
             }
             effects::fired(&ctx, shard, &r, reserved);
+            if let Some(tx) = lead {
+                // Its executions are on their way to the worker: the others go.
+                ctx.fire_gate.led(tx);
+            }
             let _ = me.send_message(OwnerMsg::Fired(r, now));
         });
     }

@@ -63,10 +63,7 @@ pub fn check_file(path: &Path) -> Result<EngineCheck, String> {
         // The commit log (what a crash left to replay): its frames must read back whole.
         let found = match log::read_file(path).map(|b| log::read_frames(&b).map(|_| ())) {
             Ok(Ok(())) => found,
-            Ok(Err(why)) => EngineCheck::Damaged(format!(
-                "{why}; to open the store without the commits after that point, move {} away",
-                log::log_path(path).display()
-            )),
+            Ok(Err(why)) => EngineCheck::Damaged(log::damaged_reason(path, &why)),
             Err(e) => return Err(e.to_string()),
         };
         let closed = db.close().is_ok();

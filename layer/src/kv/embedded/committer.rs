@@ -134,8 +134,9 @@ impl Committer {
         if matches!(self.engine.health(), StoreHealth::Failed { .. }) {
             return;
         }
-        let mut log = self.engine.log();
-        let Some(log) = log.as_mut().filter(|l| l.len() > 0) else { return };
+        if self.engine.log().as_ref().is_none_or(|l| l.len() == 0) {
+            return;
+        }
         let committed = contain(|| -> Result<()> {
             let db = self.engine.current()?;
             let mut w = db.begin_write().map_err(storage)?;
@@ -143,7 +144,7 @@ impl Committer {
             w.commit().map_err(storage)
         });
         if let Ok(Ok(())) = committed {
-            let _ = log.reset();
+            self.checkpointed();
         }
     }
 

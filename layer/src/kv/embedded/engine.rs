@@ -28,8 +28,7 @@ use redb::{ReadableDatabase, StorageBackend};
 use super::EmbeddedOptions;
 use super::contain::contain;
 use super::errors::{classify, is_disk_full, is_read_past_end};
-use super::log::TableTarget;
-use super::log::{self, CommitLog};
+use super::log::{self, CommitLog, TableTarget};
 use super::{DATA, META, META_VERSION};
 use crate::kv::StoreHealth;
 use crate::kv::error::{Error, Result};
@@ -205,12 +204,8 @@ impl Engine {
         let mut slot = self.log.lock().unwrap_or_else(|e| e.into_inner());
         *slot = None;
         let bytes = log::read_file(&self.path).map_err(Opened::Failed)?;
-        let read = log::read_frames(&bytes).map_err(|why| {
-            Opened::Damaged(format!(
-                "{why}; to open the store without the commits after that point, move {} away",
-                log::log_path(&self.path).display()
-            ))
-        })?;
+        let read = log::read_frames(&bytes)
+            .map_err(|why| Opened::Damaged(log::damaged_reason(&self.path, &why)))?;
         let failed = |e: redb::Error| Opened::Failed(classify("replay the commit log", e));
         let durable = {
             let r = db.begin_read().map_err(|e| failed(e.into()))?;

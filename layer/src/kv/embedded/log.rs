@@ -351,6 +351,14 @@ pub(crate) fn read_file(store: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// What a store whose log is damaged (`why`) reports, with the way out.
+pub(crate) fn damaged_reason(store: &Path, why: &str) -> String {
+    format!(
+        "{why}; to open the store without the commits after that point, move {} away",
+        log_path(store).display()
+    )
+}
+
 /// Refuses a log whose store is missing: replayed onto a new, empty store it would make a
 /// store of the log's last second alone.
 pub(crate) fn refuse_without_store(store: &Path) -> Result<()> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kairos_layer::env::{ManualClock, Rng, SharedClock, Timestamp};
-use kairos_layer::kv::embedded::EmbeddedDatabase;
+use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions};
 use kairos_layer::kv::limits::{KEY_BYTES_MAX, TRANSACTION_BYTES_MAX, VALUE_BYTES_MAX};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_layer::kv::{Database, Error, RangeOption, decode_i64};
@@ -26,11 +26,31 @@ fn memory() -> Harness {
 }
 
 fn embedded() -> Harness {
+    embedded_with(EmbeddedOptions::default())
+}
+
+/// A checkpoint whenever the commit log passes 200 bytes: the reads meet keys both in the
+/// overlay of recent commits and in redb.
+fn embedded_small_log() -> Harness {
+    embedded_with(EmbeddedOptions { checkpoint_log_bytes: 200, ..EmbeddedOptions::default() })
+}
+
+/// Without the commit log: every batch a durable redb commit.
+fn embedded_no_log() -> Harness {
+    embedded_with(EmbeddedOptions { commit_log: false, ..EmbeddedOptions::default() })
+}
+
+fn embedded_with(options: EmbeddedOptions) -> Harness {
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let shared: SharedClock = Arc::new(clock.clone());
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = EmbeddedDatabase::open_database(dir.path().join("kv.redb"), shared, Rng::seeded(1))
-        .expect("open embedded");
+    let db = EmbeddedDatabase::open_database_with(
+        dir.path().join("kv.redb"),
+        shared,
+        Rng::seeded(1),
+        options,
+    )
+    .expect("open embedded");
     Harness { db, clock, _dir: Some(dir) }
 }
 
@@ -449,6 +469,8 @@ macro_rules! conformance {
 
 conformance!(memory);
 conformance!(embedded);
+conformance!(embedded_small_log);
+conformance!(embedded_no_log);
 conformance!(postgres);
 
 #[test]

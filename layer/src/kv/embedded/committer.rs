@@ -14,6 +14,7 @@ use super::contain::contain;
 use super::engine::Engine;
 use super::errors::{classify, needs_reopen};
 use super::log::{FrameBody, TableTarget};
+use super::overlay::{Overlay, StagedTarget};
 use super::{DATA, EmbeddedStats, META, META_VERSION};
 use crate::env::SharedClock;
 use crate::kv::error::{Error, Result};
@@ -47,6 +48,8 @@ pub(crate) struct Committer {
     last_checkpoint: crate::env::Timestamp,
     /// The last batch failed writing the commit log (the engine itself is sound).
     log_failed: bool,
+    /// The writes the log holds and redb does not yet (module [`overlay`](super::overlay)).
+    overlay: Arc<Overlay>,
 }
 
 /// The committer has no logger: a failed re-check leaves the watches as they are (they fire on
@@ -64,9 +67,13 @@ impl Committer {
             r.open_table(DATA).map_err(storage)
         };
         match read() {
-            Ok(table) => self.watches.revalidate(|k| {
-                table.get(k).ok().flatten().map(|g| Bytes::copy_from_slice(g.value()))
-            }),
+            Ok(table) => {
+                let generation = self.overlay.current();
+                self.watches.revalidate(|k| match generation.latest(k) {
+                    Some(v) => v,
+                    None => table.get(k).ok().flatten().map(|g| Bytes::copy_from_slice(g.value())),
+                })
+            }
             Err(e) => tracing_free_warn(&e),
         }
     }
@@ -74,8 +81,7 @@ impl Committer {
     pub(crate) fn new(
         engine: Arc<Engine>,
         clock: SharedClock,
-        watches: Arc<Watches>,
-        stats: Arc<EmbeddedStats>,
+        (watches, stats, overlay): (Arc<Watches>, Arc<EmbeddedStats>, Arc<Overlay>),
         version: u64,
         (active, published): (Arc<ActiveReads>, Arc<AtomicU64>),
     ) -> Self {
@@ -91,6 +97,7 @@ impl Committer {
             frame: FrameBody::default(),
             last_checkpoint,
             log_failed: false,
+            overlay,
         }
     }
 
@@ -134,28 +141,22 @@ impl Committer {
         if matches!(self.engine.health(), StoreHealth::Failed { .. }) {
             return;
         }
-        if self.engine.log().as_ref().is_none_or(|l| l.len() == 0) {
+        if self.engine.log().as_ref().is_none_or(|l| l.len() == 0)
+            && self.overlay.current().is_empty()
+        {
             return;
         }
-        let committed = contain(|| -> Result<()> {
-            let db = self.engine.current()?;
-            let mut w = db.begin_write().map_err(storage)?;
-            w.set_quick_repair(true);
-            w.commit().map_err(storage)
-        });
-        if let Ok(Ok(())) = committed {
-            self.checkpointed();
-        }
+        let _ = contain(|| self.checkpoint());
     }
 
-    /// Whether this batch is a checkpoint: committed durably by redb, the log emptied.
+    /// Whether redb should take the generation now: durably, the log emptied.
     fn checkpoint_due(&self) -> bool {
         let options = self.engine.options();
         let log_bytes = self.engine.log().as_ref().map_or(0, |l| l.len());
-        !options.commit_log
-            || log_bytes >= options.checkpoint_log_bytes
-            || self.clock.now().since(self.last_checkpoint).as_millis()
-                >= u128::from(options.checkpoint_interval_ms)
+        log_bytes > 0
+            && (log_bytes >= options.checkpoint_log_bytes
+                || self.clock.now().since(self.last_checkpoint).as_millis()
+                    >= u128::from(options.checkpoint_interval_ms))
     }
 
     fn commit_batch(&mut self, batch: Vec<Job>) {
@@ -163,10 +164,102 @@ impl Committer {
         let mut accepted: Vec<Accepted> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
         let collected = self.watches.any();
-        let outcome = self.write(batch, collected, &mut accepted, &mut changes);
+        let logged = self.engine.options().commit_log;
+        let outcome = if logged {
+            self.write_logged(batch, collected, &mut accepted, &mut changes)
+        } else {
+            self.write(batch, collected, &mut accepted, &mut changes)
+        };
         match outcome {
             Ok(()) => self.published(accepted, &changes, collected),
             Err(e) => self.failed(&e, accepted),
+        }
+        if logged && self.checkpoint_due() {
+            self.checkpoint();
+        }
+    }
+
+    /// The batch made durable by the commit log alone: resolved, its writes encoded into one
+    /// frame, appended and synced, then put into the overlay's generation (visible once
+    /// published). redb takes them at the next checkpoint.
+    fn write_logged(
+        &mut self,
+        batch: Vec<Job>,
+        collect: bool,
+        accepted: &mut Vec<Accepted>,
+        changes: &mut Vec<Change>,
+    ) -> Result<()> {
+        let db = self.engine.current()?;
+        let generation = self.overlay.current();
+        let r = db.begin_read().map_err(storage)?;
+        let redb = r.open_table(DATA).map_err(storage)?;
+        let resolved = self.resolve(batch, accepted);
+        if accepted.is_empty() {
+            return Ok(());
+        }
+        let folded: Vec<(&[Mutation], Versionstamp)> =
+            resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
+        self.frame.clear();
+        let mut target = StagedTarget {
+            frame: &mut self.frame,
+            generation: &generation,
+            redb: &redb,
+            staged: Vec::new(),
+            cleared: Default::default(),
+        };
+        changes.extend(apply_batch(&mut target, &folded, collect)?);
+        let staged = std::mem::take(&mut target.staged);
+        let appended = match self.engine.log().as_mut() {
+            Some(log) => log.append(self.resolver.version(), &self.frame),
+            None => Err(Error::Storage("the commit log is not open".into())),
+        };
+        if let Err(e) = appended {
+            self.log_failed = true;
+            return Err(e);
+        }
+        let floor = self.active.floor(self.published.load(Ordering::Acquire));
+        generation.insert(staged, self.resolver.version(), floor);
+        for (m, _) in &resolved {
+            self.stats.writes.committed(m);
+        }
+        Ok(())
+    }
+
+    /// redb takes the generation in one durable commit, in key order; then later snapshots
+    /// read redb alone and the log is emptied. On failure the generation and the log stay (the
+    /// next checkpoint tries again); an I/O error re-opens the engine, which replays the log.
+    fn checkpoint(&mut self) {
+        let generation = self.overlay.current();
+        let version = self.published.load(Ordering::Acquire);
+        let written = (|| -> Result<()> {
+            let db = self.engine.current()?;
+            let mut w = db.begin_write().map_err(storage)?;
+            w.set_quick_repair(true);
+            {
+                let mut table = w.open_table(DATA).map_err(storage)?;
+                let mut meta = w.open_table(META).map_err(storage)?;
+                generation.each_latest(|k, v| {
+                    match v {
+                        Some(v) => table.insert(k, v).map(|_| ()),
+                        None => table.remove(k).map(|_| ()),
+                    }
+                    .map_err(storage)
+                })?;
+                meta.insert(META_VERSION, version).map_err(storage)?;
+            }
+            w.commit().map_err(storage)
+        })();
+        self.last_checkpoint = self.clock.now();
+        match written {
+            Ok(()) => {
+                self.overlay.swap();
+                self.checkpointed();
+            }
+            Err(e) if needs_reopen(&e) => {
+                self.refuse_writes(&e);
+                let _ = self.engine.reopen();
+            }
+            Err(_) => {}
         }
     }
 
@@ -187,9 +280,9 @@ impl Committer {
         None
     }
 
-    /// One engine transaction for the whole batch: each job resolved against the conflict
-    /// history (refused ones hear so at once), the accepted ones' mutations folded into one
-    /// store write per distinct key.
+    /// Without the commit log: one durable engine transaction for the whole batch, each job
+    /// resolved against the conflict history (refused ones hear so at once), the accepted
+    /// ones' mutations folded into one store write per distinct key.
     fn write(
         &mut self,
         batch: Vec<Job>,
@@ -198,14 +291,7 @@ impl Committer {
         changes: &mut Vec<Change>,
     ) -> Result<()> {
         let db = self.engine.current()?;
-        let checkpoint = self.checkpoint_due();
         let mut w = db.begin_write().map_err(storage)?;
-        if !checkpoint {
-            // Made durable by the commit log's sync below; redb keeps the pages in memory and
-            // writes them once, at the next checkpoint.
-            w.set_durability(redb::Durability::None)
-                .map_err(|e| Error::Storage(format!("write: {e}")))?;
-        }
         // Quick repair: a crash costs an O(1) recovery at the next open, not a repair pass
         // over the whole file (redb then writes its allocator state with each commit, and
         // commits in two phases, so a damaged primary is reported, never rolled back to the
@@ -219,9 +305,7 @@ impl Committer {
             // The whole batch folded: one store write per distinct key, in key order.
             let folded: Vec<(&[Mutation], Versionstamp)> =
                 resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
-            self.frame.clear();
-            let log = (!checkpoint).then_some(&mut self.frame);
-            let mut target = TableTarget { table: &mut table, log };
+            let mut target = TableTarget { table: &mut table, log: None };
             changes.extend(apply_batch(&mut target, &folded, collect)?);
             meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
         }
@@ -229,12 +313,7 @@ impl Committer {
             w.abort().map_err(storage)?;
             return Ok(());
         }
-        if checkpoint {
-            w.commit().map_err(storage)?;
-            self.checkpointed();
-        } else {
-            self.logged_commit(w)?;
-        }
+        w.commit().map_err(storage)?;
         for (m, _) in &resolved {
             self.stats.writes.committed(m);
         }
@@ -250,29 +329,6 @@ impl Committer {
             let _ = log.reset();
         }
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The batch's frame appended to the commit log and synced, then redb's commit (not synced)
-    /// makes it visible. A failed append commits nothing (the frame is cut off the log); a
-    /// failed engine commit after the sync leaves the batch durable but not visible: its result
-    /// is unknown to its callers, and the re-open replays it.
-    fn logged_commit(&mut self, w: redb::WriteTransaction) -> Result<()> {
-        let appended = match self.engine.log().as_mut() {
-            Some(log) => log.append(self.resolver.version(), &self.frame),
-            None => Err(Error::Storage("the commit log is not open".into())),
-        };
-        if let Err(e) = appended {
-            self.log_failed = true;
-            let _ = w.abort();
-            return Err(e);
-        }
-        if let Err(e) = w.commit() {
-            let e = storage(e);
-            self.refuse_writes(&e);
-            let _ = self.engine.reopen();
-            return Err(Error::CommitUnknownResult);
-        }
-        Ok(())
     }
 
     /// Resolves each job's conflicts: a refused one hears so at once; an accepted one gets the

@@ -27,6 +27,7 @@ mod engine;
 mod errors;
 mod integrity;
 mod log;
+mod overlay;
 
 pub use self::check::{EngineCheck, check_file};
 pub use self::integrity::Integrity;
@@ -42,6 +43,7 @@ use tokio::sync::oneshot;
 
 use self::committer::{Committer, Job};
 use self::engine::Engine;
+use self::overlay::{Cursor, Generation, Overlay};
 use super::error::{Error, Result};
 use super::local::watch::{WatchSender, Watches};
 use super::local::{ActiveReads, CommitRequest, LocalStore, LocalTransaction, Snapshot};
@@ -161,6 +163,7 @@ struct Shared {
     published: Arc<AtomicU64>,
     path: PathBuf,
     integrity: Integrity,
+    overlay: Arc<Overlay>,
 }
 
 /// The embedded backend. Clone it to share one open file.
@@ -230,11 +233,11 @@ impl EmbeddedDatabase {
         let (tx, rx) = std::sync::mpsc::channel();
         let active = Arc::new(ActiveReads::default());
         let published = Arc::new(AtomicU64::new(version));
+        let overlay = Arc::new(Overlay::default());
         let committer = Committer::new(
             engine.clone(),
             clock.clone(),
-            watches.clone(),
-            stats.clone(),
+            (watches.clone(), stats.clone(), overlay.clone()),
             version,
             (active.clone(), published.clone()),
         );
@@ -254,6 +257,7 @@ impl EmbeddedDatabase {
             published,
             path,
             integrity,
+            overlay,
         });
         Ok(EmbeddedDatabase { store: Arc::new(Store(shared.clone())), shared })
     }
@@ -297,6 +301,8 @@ struct RedbSnapshot {
     table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     version: u64,
     engine: Arc<Engine>,
+    /// The writes since the checkpoint `table` was read at, which it does not hold.
+    generation: Arc<Generation>,
 }
 
 impl RedbSnapshot {
@@ -318,6 +324,9 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        if let Some(v) = self.generation.get(key, self.version) {
+            return Ok(v);
+        }
         self.guarded("read", || {
             let v = self.table.get(key).map_err(storage("read"))?;
             Ok(v.map(|g| Bytes::copy_from_slice(g.value())))
@@ -331,7 +340,44 @@ impl Snapshot for RedbSnapshot {
         reverse: bool,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        self.guarded("range read", || self.scan_unguarded(begin, end, reverse, visit))
+        let mut newer = Cursor::new(&self.generation, (begin, end), reverse, self.version);
+        if newer.peek().is_none() {
+            return self.guarded("range read", || self.scan_unguarded(begin, end, reverse, visit));
+        }
+        // The generation's keys merged with redb's, the generation's version winning; a
+        // deletion there hides redb's key.
+        let mut stopped = false;
+        let before = |a: &[u8], b: &[u8]| if reverse { a > b } else { a < b };
+        let mut merged = |key: &[u8], value: &[u8]| -> bool {
+            while let Some((k, _)) = newer.peek() {
+                if !before(k, key) {
+                    break;
+                }
+                let Some((k, v)) = newer.pop() else { break };
+                if let Some(v) = v
+                    && !visit(&k, &v)
+                {
+                    stopped = true;
+                    return false;
+                }
+            }
+            if newer.peek().is_some_and(|(k, _)| k.as_slice() == key) {
+                let Some((k, v)) = newer.pop() else { return true };
+                let go = v.is_none_or(|v| visit(&k, &v));
+                stopped = !go;
+                return go;
+            }
+            let go = visit(key, value);
+            stopped = !go;
+            go
+        };
+        self.guarded("range read", || self.scan_unguarded(begin, end, reverse, &mut merged))?;
+        while !stopped && let Some((k, v)) = newer.pop() {
+            if let Some(v) = v {
+                stopped = !visit(&k, &v);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -401,12 +447,19 @@ impl LocalStore for Store {
             return Err(Error::DatabaseClosed);
         }
         let db = self.0.engine.current()?;
-        let r = db.begin_read().map_err(storage("begin read"))?;
-        let table = r.open_table(DATA).map_err(storage("open table"))?;
-        let meta = r.open_table(META).map_err(storage("open table"))?;
-        let version =
-            meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value());
-        Ok(Arc::new(RedbSnapshot { table, version, engine: self.0.engine.clone() }))
+        self.0.overlay.with_current(|generation| {
+            let r = db.begin_read().map_err(storage("begin read"))?;
+            let table = r.open_table(DATA).map_err(storage("open table"))?;
+            let meta = r.open_table(META).map_err(storage("open table"))?;
+            let checkpoint =
+                meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value());
+            // Read after redb: every write of the generation up to it is there. Without the log,
+            // redb may hold a batch not yet published (then its version is the snapshot's).
+            let version = checkpoint.max(self.0.published.load(Ordering::Acquire));
+            let generation = generation.clone();
+            Ok(Arc::new(RedbSnapshot { table, version, engine: self.0.engine.clone(), generation })
+                as Arc<dyn Snapshot>)
+        })
     }
 
     fn commit(&self, req: CommitRequest) -> BoxFuture<'static, Result<CommitInfo>> {

@@ -305,7 +305,7 @@ impl Committer {
             // The whole batch folded: one store write per distinct key, in key order.
             let folded: Vec<(&[Mutation], Versionstamp)> =
                 resolved.iter().map(|(m, s)| (m.as_slice(), *s)).collect();
-            let mut target = TableTarget { table: &mut table, log: None };
+            let mut target = TableTarget { table: &mut table };
             changes.extend(apply_batch(&mut target, &folded, collect)?);
             meta.insert(META_VERSION, self.resolver.version()).map_err(storage)?;
         }

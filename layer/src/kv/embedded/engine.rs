@@ -224,7 +224,7 @@ impl Engine {
             w.set_quick_repair(true);
             {
                 let mut table = w.open_table(DATA).map_err(|e| failed(e.into()))?;
-                let mut target = TableTarget { table: &mut table, log: None };
+                let mut target = TableTarget { table: &mut table };
                 for f in &frames {
                     log::apply_frame(f, &mut target).map_err(|e| match e {
                         Error::Storage(m) if m.starts_with("the commit log") => Opened::Damaged(m),

@@ -89,11 +89,10 @@ impl FrameBody {
     }
 }
 
-/// Where a batch's store writes go: the redb table, and the commit log's frame when the batch
-/// is made durable by the log (`None` at a checkpoint and at the replay).
+/// Writes going straight to the redb table: a batch without the commit log, and the replay.
+/// (With the log, a batch goes to its frame and the overlay: [`StagedTarget`](super::overlay).)
 pub(crate) struct TableTarget<'a, 't> {
     pub table: &'a mut redb::Table<'t, &'static [u8], &'static [u8]>,
-    pub log: Option<&'a mut FrameBody>,
 }
 
 impl ApplyTarget for TableTarget<'_, '_> {
@@ -105,9 +104,6 @@ impl ApplyTarget for TableTarget<'_, '_> {
             .map(|g| Bytes::copy_from_slice(g.value())))
     }
     fn put(&mut self, key: &[u8], value: Option<Bytes>) -> Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.put(key, value.as_deref());
-        }
         match value {
             Some(v) => self.table.insert(key, v.as_ref()).map(|_| ()),
             None => self.table.remove(key).map(|_| ()),
@@ -115,9 +111,6 @@ impl ApplyTarget for TableTarget<'_, '_> {
         .map_err(|e| classify("write", e))
     }
     fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> Result<()> {
-        if let Some(log) = self.log.as_mut() {
-            log.clear_range(begin, end);
-        }
         self.table.retain_in::<&[u8], _>(begin..end, |_, _| false).map_err(|e| classify("write", e))
     }
 }

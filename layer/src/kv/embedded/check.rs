@@ -61,7 +61,8 @@ pub fn check_file(path: &Path) -> Result<EngineCheck, String> {
             Err(e) => EngineCheck::Damaged(e.to_string()),
         };
         // The commit log (what a crash left to replay): its frames must read back whole.
-        let found = match log::read_file(path).map(|b| log::read_frames(&b).map(|_| ())) {
+        let durable = log::durable_version(&db).unwrap_or(0);
+        let found = match log::read_file(path).map(|b| log::read_frames(&b, durable).map(|_| ())) {
             Ok(Ok(())) => found,
             Ok(Err(why)) => EngineCheck::Damaged(log::damaged_reason(path, &why)),
             Err(e) => return Err(e.to_string()),

@@ -141,12 +141,15 @@ impl Committer {
         if matches!(self.engine.health(), StoreHealth::Failed { .. }) {
             return;
         }
-        if self.engine.log().as_ref().is_none_or(|l| l.len() == 0)
-            && self.overlay.current().is_empty()
+        if self.engine.log().as_ref().is_some_and(|l| l.len() > 0)
+            || !self.overlay.current().is_empty()
         {
-            return;
+            let _ = contain(|| self.checkpoint());
         }
-        let _ = contain(|| self.checkpoint());
+        // Everything is in redb: a stopped store keeps no log file's worth of space.
+        if let Some(log) = self.engine.log().as_mut().filter(|l| l.len() == 0) {
+            let _ = log.truncate();
+        }
     }
 
     /// Whether redb should take the generation now: durably, the log emptied.

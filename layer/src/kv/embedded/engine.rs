@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use redb::{ReadableDatabase, StorageBackend};
+use redb::StorageBackend;
 
 use super::EmbeddedOptions;
 use super::contain::contain;
@@ -204,19 +204,10 @@ impl Engine {
         let mut slot = self.log.lock().unwrap_or_else(|e| e.into_inner());
         *slot = None;
         let bytes = log::read_file(&self.path).map_err(Opened::Failed)?;
-        let read = log::read_frames(&bytes)
-            .map_err(|why| Opened::Damaged(log::damaged_reason(&self.path, &why)))?;
         let failed = |e: redb::Error| Opened::Failed(classify("replay the commit log", e));
-        let durable = {
-            let r = db.begin_read().map_err(|e| failed(e.into()))?;
-            match r.open_table(META) {
-                Ok(meta) => {
-                    meta.get(META_VERSION).map_err(|e| failed(e.into()))?.map_or(0, |g| g.value())
-                }
-                Err(redb::TableError::TableDoesNotExist(_)) => 0,
-                Err(e) => return Err(failed(e.into())),
-            }
-        };
+        let durable = log::durable_version(db).map_err(failed)?;
+        let read = log::read_frames(&bytes, durable)
+            .map_err(|why| Opened::Damaged(log::damaged_reason(&self.path, &why)))?;
         let frames: Vec<&log::Frame<'_>> =
             read.frames.iter().filter(|f| f.version > durable).collect();
         if let Some(last) = frames.last() {
@@ -236,7 +227,7 @@ impl Engine {
             }
             w.commit().map_err(|e| failed(e.into()))?;
         }
-        if !bytes.is_empty() {
+        if !read.frames.is_empty() || read.dropped_bytes > 0 {
             tracing::info!(
                 store = %self.path.display(),
                 replayed = frames.len(),

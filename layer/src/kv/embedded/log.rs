@@ -1,31 +1,37 @@
 //! The commit log: what makes a group commit durable between two engine checkpoints.
 //!
 //! A group commit appends one **frame** — the store writes the batch makes, after folding
-//! (each key's final value or its removal, each cleared range) — to `<store>.log`, syncs it
-//! (`fdatasync`), then commits the same writes to redb **without** syncing
-//! (`Durability::None`: redb keeps the pages in memory and makes the commit visible to new
-//! read transactions). Only then are the batch's transactions acknowledged and published: a
-//! reader never sees a write that is not on disk. Every `checkpoint_interval_ms`, or when the
-//! log passes `checkpoint_log_bytes`, a batch is instead committed durably by redb (two-phase,
-//! quick repair, as before) and the log is emptied: every page the commits in between rewrote is
-//! written once, not once per commit.
+//! (each key's final value or its removal, each cleared range) — to `<store>.log` and syncs it
+//! (`fdatasync`); the same writes go to the in-memory overlay ([`overlay`](super::overlay)),
+//! and only then are the batch's transactions acknowledged and published: a reader never sees a
+//! write that is not on disk. Every `checkpoint_interval_ms`, or when the log passes
+//! `checkpoint_log_bytes`, redb takes the overlay in one durable commit (two-phase, quick
+//! repair) and the log starts again from its first byte: every page the commits in between
+//! rewrote is written once, not once per commit.
 //!
-//! **Recovery**: the open (and a re-open after an I/O error, which loses redb's unsynced
-//! commits) reads redb's last durable version, then re-applies, in order, every whole frame of
-//! the log above it, commits that durably and empties the log. Frames carry their commit
-//! version: frames at or below the durable version (a checkpoint that did not get to empty
-//! the log) are skipped, and re-applying a frame is idempotent (final values, not deltas).
-//! A frame cut short by a crash was never acknowledged (its sync did not return): it is
-//! dropped. Anything readable as a whole frame *after* an invalid one means the log was
-//! damaged, not cut: the store is then refused as damaged rather than served without it.
+//! **The file is reused, not emptied**: it grows (by zero-filled steps of
+//! [`LOG_GROWTH_BYTES`]) to what one checkpoint interval needs and keeps that size, so an append
+//! overwrites bytes already allocated and its `fdatasync` writes data alone, with no file-size
+//! or extent change for the file system's journal to commit. After the frames of the current
+//! interval come zeros or an earlier interval's frames, whose versions are lower. A clean close
+//! truncates it to nothing.
+//!
+//! **Recovery**: the open (and a re-open after an I/O error) reads redb's last durable version,
+//! then re-applies, in order, the log's frames above it — the run of whole frames from the
+//! first byte while their versions rise — commits that durably and starts the log again.
+//! Frames at or below the durable version (a checkpoint that did not get to restart the log)
+//! are skipped, and re-applying a frame is idempotent (final values, not deltas). A frame cut
+//! short by a crash was never acknowledged (its sync did not return): it ends the run. A whole
+//! frame *after* the end of the run, newer than every frame in it and than redb, means the log
+//! was damaged, not cut: the store is then refused as damaged rather than served without it.
 //!
 //! Frame: `KLG1` · version (u64 LE) · body length (u32 LE) · CRC-32 of version, length and
 //! body (u32 LE) · body. Body: operations, each a tag — 0 remove (key), 1 set (key, value),
 //! 2 clear range (begin, end) — and its byte strings, each as a u32 LE length and the bytes.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::Read;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +46,9 @@ use crate::kv::local::mutation::ApplyTarget;
 const MAGIC: &[u8; 4] = b"KLG1";
 /// Magic, version, body length, CRC.
 pub(crate) const FRAME_HEADER_BYTES: usize = 4 + 8 + 4 + 4;
+
+/// How much the log file grows at a time, zero-filled (allocated before it is appended to).
+pub const LOG_GROWTH_BYTES: u64 = 4 * 1024 * 1024;
 
 const REMOVE: u8 = 0;
 const SET: u8 = 1;
@@ -127,8 +136,10 @@ fn frame_crc(version: u64, body: &[u8]) -> u32 {
 pub(crate) struct CommitLog {
     path: PathBuf,
     file: File,
-    /// Bytes of whole frames in the file (all synced).
+    /// Bytes of whole frames since the last checkpoint (all synced), from the file's start.
     len: u64,
+    /// The file's size: bytes past `len` are zeros or frames of earlier intervals.
+    allocated: u64,
     /// A failed append could not be cut back off: the next append cuts it first.
     cut_pending: bool,
     /// The frame being written (header and body), kept to spare an allocation per batch.
@@ -165,13 +176,13 @@ impl CommitLog {
         let file = OpenOptions::new()
             .create(true)
             .read(true)
-            .append(true)
+            .write(true)
             .mode(0o600)
             .open(&path)
             .map_err(|e| io_error(&path, "open", &e))?;
-        let mut log =
-            CommitLog { path, file, len, cut_pending: false, scratch: Vec::new(), faults };
-        log.cut_pending = log.file.metadata().map(|m| m.len() != len).unwrap_or(true);
+        let allocated = file.metadata().map_err(|e| io_error(&path, "open", &e))?.len();
+        let log =
+            CommitLog { path, file, len, allocated, cut_pending: false, scratch: Vec::new(), faults };
         Ok(log)
     }
 
@@ -191,10 +202,12 @@ impl CommitLog {
         self.scratch.extend_from_slice(&(body.len() as u32).to_le_bytes());
         self.scratch.extend_from_slice(&frame_crc(version, body).to_le_bytes());
         self.scratch.extend_from_slice(body);
+        let end = self.len + self.scratch.len() as u64;
         let written = self
             .faults
             .check()
-            .and_then(|()| self.file.write_all(&self.scratch))
+            .and_then(|()| self.grow_to(end))
+            .and_then(|()| self.file.write_all_at(&self.scratch, self.len))
             .and_then(|()| self.file.sync_data());
         match written {
             Ok(()) => {
@@ -209,25 +222,58 @@ impl CommitLog {
         }
     }
 
-    /// Cuts anything after the whole frames off (a failed append's bytes).
+    /// Zero-fills the file up to at least `end` (in steps of [`LOG_GROWTH_BYTES`]); synced
+    /// with the frame written into it.
+    fn grow_to(&mut self, end: u64) -> std::io::Result<()> {
+        const ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+        while self.allocated < end {
+            let step = (LOG_GROWTH_BYTES - self.allocated % LOG_GROWTH_BYTES) as usize;
+            let mut at = self.allocated;
+            let stop = self.allocated + step as u64;
+            while at < stop {
+                let n = ZEROS.len().min((stop - at) as usize);
+                self.file.write_all_at(&ZEROS[..n], at)?;
+                at += n as u64;
+            }
+            self.allocated = stop;
+        }
+        Ok(())
+    }
+
+    /// Wipes a failed append's frame (its header zeroed and synced), so it never reads back.
     fn cut_back(&mut self) -> Result<()> {
         if !self.cut_pending {
             return Ok(());
         }
+        let end = self.allocated.min(self.len + FRAME_HEADER_BYTES as u64);
+        let zeros = [0u8; FRAME_HEADER_BYTES];
+        let n = end.saturating_sub(self.len) as usize;
         self.file
-            .set_len(self.len)
+            .write_all_at(&zeros[..n], self.len)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| io_error(&self.path, "cut back", &e))?;
         self.cut_pending = false;
         Ok(())
     }
 
-    /// Empties the log: everything in it is in the engine's last durable commit.
+    /// Starts the log again from its first byte: everything in it is in the engine's last
+    /// durable commit.
     pub(crate) fn reset(&mut self) -> Result<()> {
-        // Not synced: frames that survive a crash are at or below the durable version and
-        // skipped at the replay.
-        self.file.set_len(0).map_err(|e| io_error(&self.path, "empty", &e))?;
+        // Nothing to write: the frames left are at or below the durable version, skipped at
+        // the replay, and the next frame's higher version ends their run.
         self.len = 0;
+        self.cut_pending = false;
+        Ok(())
+    }
+
+    /// Empties the file (a clean close: a stopped store keeps no allocated log).
+    pub(crate) fn truncate(&mut self) -> Result<()> {
+        self.file
+            .set_len(0)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| io_error(&self.path, "empty", &e))?;
+        self.len = 0;
+        self.allocated = 0;
         self.cut_pending = false;
         Ok(())
     }
@@ -251,7 +297,8 @@ pub(crate) struct Frame<'a> {
     pub body: &'a [u8],
 }
 
-/// The log's whole frames, and how many bytes after them were dropped (a frame cut short).
+/// The log's whole frames, and how many bytes after them were not zeros (a frame cut short,
+/// or an earlier interval's frames).
 #[derive(Debug)]
 pub(crate) struct LogRead<'a> {
     pub frames: Vec<Frame<'a>>,
@@ -272,29 +319,48 @@ fn frame_at(bytes: &[u8], at: usize) -> Option<(Frame<'_>, usize)> {
     (frame_crc(version, body) == crc).then_some((Frame { version, body }, start + len))
 }
 
-/// Reads the log's frames. A frame cut short (or unreadable) ends the log; a whole frame
-/// found after it, or versions that do not rise, mean damage.
-pub(crate) fn read_frames(bytes: &[u8]) -> std::result::Result<LogRead<'_>, String> {
+/// Reads the log's frames: the run of whole frames from the first byte while their versions
+/// rise (a frame cut short, zeros, or an earlier interval's older frame ends it). A whole frame
+/// after the run newer than every version read and than `durable` (redb's) means damage.
+pub(crate) fn read_frames(bytes: &[u8], durable: u64) -> std::result::Result<LogRead<'_>, String> {
     let mut frames: Vec<Frame<'_>> = Vec::new();
     let mut at = 0;
     while let Some((frame, next)) = frame_at(bytes, at) {
         if frames.last().is_some_and(|l| l.version >= frame.version) {
-            return Err(format!(
-                "the commit log's versions do not rise at byte {at} ({} after {})",
-                frame.version,
-                frames.last().map_or(0, |l| l.version)
-            ));
+            break;
         }
         frames.push(frame);
         at = next;
     }
-    // A crash cuts the last frame short; a whole frame beyond the cut is damage.
-    if let Some(later) = (at + 1..bytes.len()).find(|&i| frame_at(bytes, i).is_some()) {
-        return Err(format!(
-            "the commit log is damaged at byte {at}: a whole frame follows at byte {later}"
-        ));
+    let newest = frames.last().map_or(durable, |l| l.version.max(durable));
+    let mut from = at + 1;
+    while let Some(i) = bytes.get(from..).and_then(|b| b.iter().position(|&x| x == MAGIC[0])) {
+        let i = from + i;
+        if let Some((later, _)) = frame_at(bytes, i)
+            && later.version > newest
+        {
+            return Err(format!(
+                "the commit log is damaged at byte {at}: a whole newer frame (version {}) \
+                 follows at byte {i}",
+                later.version
+            ));
+        }
+        from = i + 1;
     }
-    Ok(LogRead { frames, dropped_bytes: bytes.len() - at })
+    let rest = &bytes[at.min(bytes.len())..];
+    let dropped_bytes = rest.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    Ok(LogRead { frames, dropped_bytes })
+}
+
+/// The version of redb's last durable commit (0 for a new store).
+pub(crate) fn durable_version(db: &redb::Database) -> std::result::Result<u64, redb::Error> {
+    use redb::ReadableDatabase;
+    let r = db.begin_read()?;
+    match r.open_table(super::META) {
+        Ok(meta) => Ok(meta.get(super::META_VERSION)?.map_or(0, |g| g.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn take<'a>(body: &mut &'a [u8]) -> std::result::Result<&'a [u8], String> {
@@ -355,7 +421,7 @@ pub(crate) fn damaged_reason(store: &Path, why: &str) -> String {
 /// Refuses a log whose store is missing: replayed onto a new, empty store it would make a
 /// store of the log's last second alone.
 pub(crate) fn refuse_without_store(store: &Path) -> Result<()> {
-    if read_file(store)?.is_empty() {
+    if frame_at(&read_file(store)?, 0).is_none() {
         return Ok(());
     }
     Err(Error::Storage(format!(
@@ -369,9 +435,7 @@ pub(crate) fn refuse_without_store(store: &Path) -> Result<()> {
 /// Opens the log of `store` for appending, empty (call once its frames are in a durable
 /// engine commit).
 pub(crate) fn open_empty(store: &Path, faults: Faults) -> Result<CommitLog> {
-    let mut log = CommitLog::open_at(store, 0, faults)?;
-    log.cut_back()?;
-    Ok(log)
+    CommitLog::open_at(store, 0, faults)
 }
 
 #[cfg(test)]
@@ -424,8 +488,9 @@ mod tests {
         let (a, b) = bodies();
         let mut log = frame(5, &a);
         log.extend(frame(9, &b));
-        let read = read_frames(&log).unwrap();
-        assert_eq!(read.dropped_bytes, 0);
+        log.extend([0u8; 100]);
+        let read = read_frames(&log, 0).unwrap();
+        assert_eq!(read.dropped_bytes, 0, "zero-filled space is not dropped data");
         assert_eq!(read.frames.iter().map(|f| f.version).collect::<Vec<_>>(), vec![5, 9]);
         let mut map = Map::default();
         for f in &read.frames {
@@ -448,51 +513,64 @@ mod tests {
         for cut in 0..second.len() {
             let mut log = first.clone();
             log.extend_from_slice(&second[..cut]);
-            let read = read_frames(&log).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+            log.extend([0u8; 64]);
+            let read = read_frames(&log, 0).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
             assert_eq!(read.frames.len(), 1, "cut at {cut}");
-            assert_eq!(read.dropped_bytes, cut);
+            assert!(read.dropped_bytes <= cut, "cut at {cut}");
         }
     }
 
     #[test]
-    fn a_damaged_frame_with_whole_frames_after_it_is_damage_not_a_cut() {
+    fn a_damaged_frame_with_newer_whole_frames_after_it_is_damage_not_a_cut() {
         let (a, b) = bodies();
         let mut log = frame(5, &a);
         log.extend(frame(9, &b));
         log.extend(frame(12, &a));
         let flip = FRAME_HEADER_BYTES + 3;
         log[flip] ^= 0x40;
-        let err = read_frames(&log).unwrap_err();
+        let err = read_frames(&log, 0).unwrap_err();
         assert!(err.contains("damaged at byte 0"), "{err}");
-        // Versions that fall back are damage too.
+        // Newer than redb's durable version, too: an earlier interval's frames are not.
+        assert!(read_frames(&log, 12).is_ok());
+        // An older frame after the run is an earlier interval's, left behind: the run ends.
         let mut log = frame(9, &a);
         log.extend(frame(5, &b));
-        assert!(read_frames(&log).unwrap_err().contains("do not rise"));
+        let read = read_frames(&log, 0).unwrap();
+        assert_eq!(read.frames.iter().map(|f| f.version).collect::<Vec<_>>(), vec![9]);
     }
 
     #[test]
-    fn a_failed_append_never_comes_back() {
+    fn a_failed_append_never_comes_back_and_a_restarted_log_ends_at_its_newest_frame() {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("kv.redb");
         let (a, b) = bodies();
         let mut log = open_empty(&store, Faults::default()).unwrap();
         log.append(3, &a).unwrap();
         let len = log.len();
-        // A failed append's bytes (written, its sync failed): cut back before the next one.
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(log_path(&store))
-            .unwrap()
-            .write_all(&frame(4, &b))
-            .unwrap();
+        // A failed append's frame (written whole, its sync failed): wiped before anything else.
+        let file = OpenOptions::new().write(true).open(log_path(&store)).unwrap();
+        file.write_all_at(&frame(4, &b), len).unwrap();
         log.cut_pending = true;
+        log.cut_back().unwrap();
+        let versions = |durable| {
+            let bytes = read_file(&store).unwrap();
+            read_frames(&bytes, durable).unwrap().frames.iter().map(|f| f.version).collect::<Vec<_>>()
+        };
+        assert_eq!(versions(0), vec![3]);
         log.append(5, &b).unwrap();
+        assert_eq!(versions(0), vec![3, 5]);
+        // The file grew by one zero-filled step and holds nothing past the frames.
         let bytes = read_file(&store).unwrap();
-        let read = read_frames(&bytes).unwrap();
-        assert_eq!(read.frames.iter().map(|f| f.version).collect::<Vec<_>>(), vec![3, 5]);
-        assert_eq!(log.len() as usize, bytes.len());
+        assert_eq!(bytes.len() as u64, LOG_GROWTH_BYTES);
+        assert!(bytes[log.len() as usize..].iter().all(|&x| x == 0));
         assert!(len < log.len());
+        // Restarted after a checkpoint at 5: the old frames stay until overwritten; the next
+        // frame's run ends before them.
         log.reset().unwrap();
+        assert_eq!(versions(5), vec![3, 5], "skipped at a replay: at or below the durable 5");
+        log.append(7, &a).unwrap();
+        assert_eq!(versions(5), vec![7]);
+        log.truncate().unwrap();
         assert!(read_file(&store).unwrap().is_empty());
     }
 }

@@ -46,6 +46,8 @@ pub(crate) struct Committer {
     frame: FrameBody,
     /// When redb last committed durably (the log was emptied).
     last_checkpoint: crate::env::Timestamp,
+    /// When redb last took the overlay (durably or not).
+    last_flush: crate::env::Timestamp,
     /// The last batch failed writing the commit log (the engine itself is sound).
     log_failed: bool,
     /// The writes the log holds and redb does not yet (module [`overlay`](super::overlay)).
@@ -96,6 +98,7 @@ impl Committer {
             published,
             frame: FrameBody::default(),
             last_checkpoint,
+            last_flush: last_checkpoint,
             log_failed: false,
             overlay,
         }
@@ -144,7 +147,7 @@ impl Committer {
         if self.engine.log().as_ref().is_some_and(|l| l.len() > 0)
             || !self.overlay.current().is_empty()
         {
-            let _ = contain(|| self.checkpoint());
+            let _ = contain(|| self.checkpoint(true));
         }
         // Everything is in redb: a stopped store keeps no log file's worth of space.
         if let Some(log) = self.engine.log().as_mut().filter(|l| l.len() == 0) {
@@ -162,6 +165,15 @@ impl Committer {
                     >= u128::from(options.checkpoint_interval_ms))
     }
 
+    /// Whether redb should take the generation now, without a sync: the log keeps it durable,
+    /// and the reads stop meeting its deletions (a scan steps over each deleted key redb still
+    /// holds).
+    fn flush_due(&self) -> bool {
+        self.clock.now().since(self.last_flush).as_millis()
+            >= u128::from(self.engine.options().flush_interval_ms)
+            && !self.overlay.current().is_empty()
+    }
+
     fn commit_batch(&mut self, batch: Vec<Job>) {
         let Some(batch) = self.ready_for(batch) else { return };
         let mut accepted: Vec<Accepted> = Vec::new();
@@ -177,8 +189,12 @@ impl Committer {
             Ok(()) => self.published(accepted, &changes, collected),
             Err(e) => self.failed(&e, accepted),
         }
-        if logged && self.checkpoint_due() {
-            self.checkpoint();
+        if logged {
+            if self.checkpoint_due() {
+                self.checkpoint(true);
+            } else if self.flush_due() {
+                self.checkpoint(false);
+            }
         }
     }
 
@@ -228,15 +244,21 @@ impl Committer {
         Ok(())
     }
 
-    /// redb takes the generation in one durable commit, in key order; then later snapshots
-    /// read redb alone and the log is emptied. On failure the generation and the log stay (the
-    /// next checkpoint tries again); an I/O error re-opens the engine, which replays the log.
-    fn checkpoint(&mut self) {
+    /// redb takes the generation in one commit, in key order, and later snapshots read redb
+    /// alone. `durable`: a checkpoint, synced, after which the log starts again; otherwise a
+    /// flush, not synced (redb keeps the pages in memory; a re-open replays the log). On
+    /// failure the generation and the log stay (the next one tries again); an I/O error
+    /// re-opens the engine, which replays the log.
+    fn checkpoint(&mut self, durable: bool) {
         let generation = self.overlay.current();
         let version = self.published.load(Ordering::Acquire);
         let written = (|| -> Result<()> {
             let db = self.engine.current()?;
             let mut w = db.begin_write().map_err(storage)?;
+            if !durable {
+                w.set_durability(redb::Durability::None)
+                    .map_err(|e| Error::Storage(format!("write: {e}")))?;
+            }
             w.set_quick_repair(true);
             {
                 let mut table = w.open_table(DATA).map_err(storage)?;
@@ -252,11 +274,16 @@ impl Committer {
             }
             w.commit().map_err(storage)
         })();
-        self.last_checkpoint = self.clock.now();
+        self.last_flush = self.clock.now();
+        if durable {
+            self.last_checkpoint = self.last_flush;
+        }
         match written {
             Ok(()) => {
                 self.overlay.swap();
-                self.checkpointed();
+                if durable {
+                    self.checkpointed();
+                }
             }
             Err(e) if needs_reopen(&e) => {
                 self.refuse_writes(&e);

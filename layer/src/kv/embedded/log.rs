@@ -175,6 +175,7 @@ impl CommitLog {
         // Private like the store (the node makes its data directory's files 0600).
         let file = OpenOptions::new()
             .create(true)
+            .truncate(false) // the file is reused: its frames are read at the open
             .read(true)
             .write(true)
             .mode(0o600)
@@ -225,7 +226,7 @@ impl CommitLog {
     /// Zero-fills the file up to at least `end` (in steps of [`LOG_GROWTH_BYTES`]); synced
     /// with the frame written into it.
     fn grow_to(&mut self, end: u64) -> std::io::Result<()> {
-        const ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
         while self.allocated < end {
             let step = (LOG_GROWTH_BYTES - self.allocated % LOG_GROWTH_BYTES) as usize;
             let mut at = self.allocated;

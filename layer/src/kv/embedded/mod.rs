@@ -89,10 +89,15 @@ pub struct EmbeddedOptions {
     /// The log size that brings the next checkpoint forward (the most a crash leaves to
     /// replay at the next open).
     pub checkpoint_log_bytes: u64,
+    /// How often redb takes the recent commits from memory between checkpoints, without a
+    /// sync (the log keeps them durable); reads then stop stepping over their deletions.
+    pub flush_interval_ms: u64,
 }
 
 /// [`EmbeddedOptions::checkpoint_interval_ms`] by default.
 pub const CHECKPOINT_INTERVAL_MS: u64 = 1_000;
+/// [`EmbeddedOptions::flush_interval_ms`] by default.
+pub const FLUSH_INTERVAL_MS: u64 = 100;
 /// [`EmbeddedOptions::checkpoint_log_bytes`] by default.
 pub const CHECKPOINT_LOG_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -123,6 +128,7 @@ impl Default for EmbeddedOptions {
             commit_log: true,
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS,
             checkpoint_log_bytes: CHECKPOINT_LOG_BYTES,
+            flush_interval_ms: FLUSH_INTERVAL_MS,
         }
     }
 }

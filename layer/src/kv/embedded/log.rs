@@ -182,8 +182,15 @@ impl CommitLog {
             .open(&path)
             .map_err(|e| io_error(&path, "open", &e))?;
         let allocated = file.metadata().map_err(|e| io_error(&path, "open", &e))?.len();
-        let log =
-            CommitLog { path, file, len, allocated, cut_pending: false, scratch: Vec::new(), faults };
+        let log = CommitLog {
+            path,
+            file,
+            len,
+            allocated,
+            cut_pending: false,
+            scratch: Vec::new(),
+            faults,
+        };
         Ok(log)
     }
 
@@ -555,7 +562,12 @@ mod tests {
         log.cut_back().unwrap();
         let versions = |durable| {
             let bytes = read_file(&store).unwrap();
-            read_frames(&bytes, durable).unwrap().frames.iter().map(|f| f.version).collect::<Vec<_>>()
+            read_frames(&bytes, durable)
+                .unwrap()
+                .frames
+                .iter()
+                .map(|f| f.version)
+                .collect::<Vec<_>>()
         };
         assert_eq!(versions(0), vec![3]);
         log.append(5, &b).unwrap();

@@ -234,8 +234,7 @@ impl EmbeddedDatabase {
             w.commit().map_err(storage("commit"))?;
             version
         };
-        let watches = Arc::new(Watches::default());
-        let stats = Arc::new(EmbeddedStats::default());
+        let (watches, stats) = (Arc::new(Watches::default()), Arc::new(EmbeddedStats::default()));
         let (tx, rx) = std::sync::mpsc::channel();
         let active = Arc::new(ActiveReads::default());
         let published = Arc::new(AtomicU64::new(version));

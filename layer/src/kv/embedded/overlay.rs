@@ -117,9 +117,7 @@ impl Generation {
     pub(crate) fn live_keys(&self, begin: &[u8], end: &[u8]) -> Vec<(Vec<u8>, bool)> {
         let keys = self.read();
         let range = keys.range::<[u8], _>((Bound::Included(begin), Bound::Excluded(end)));
-        range
-            .filter_map(|(k, c)| c.last().map(|(_, v)| (k.clone(), v.is_some())))
-            .collect()
+        range.filter_map(|(k, c)| c.last().map(|(_, v)| (k.clone(), v.is_some()))).collect()
     }
 
     /// A durable group commit's writes, at its version. Versions no reader can see any more
@@ -196,10 +194,8 @@ impl ApplyTarget for StagedTarget<'_> {
     fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> Result<()> {
         self.frame.clear_range(begin, end);
         let mut live: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
-        for item in self
-            .redb
-            .range::<&[u8]>(begin..end)
-            .map_err(|e| super::errors::classify("write", e))?
+        for item in
+            self.redb.range::<&[u8]>(begin..end).map_err(|e| super::errors::classify("write", e))?
         {
             let (k, _) = item.map_err(|e| super::errors::classify("write", e))?;
             live.insert(k.value().to_vec(), true);

@@ -1,6 +1,7 @@
-//! The group committer: one thread that resolves queued commits in order and writes each
-//! batch in one redb transaction with one fsync — of the commit log's frame for the batch, or,
-//! at a checkpoint, of redb's own durable commit (module [`log`](super::log)).
+//! The group committer: one thread that resolves queued commits in order and makes each batch
+//! durable with one fsync — of the batch's frame in the commit log (module [`log`](super::log)),
+//! its writes then kept in the overlay (module [`overlay`](super::overlay)) until redb takes them
+//! at a flush or a checkpoint; without the log, of one durable redb commit per batch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,13 +2,14 @@
 //! with **group commit**.
 //!
 //! Concurrent commits queue for one committer thread, which takes every commit waiting,
-//! resolves them in order against the conflict history, writes all that pass in **one** redb
-//! write transaction and makes it durable with **one** fsync: of the batch's frame in the
-//! commit log, then an unsynced redb commit; or, at a checkpoint, redb's own durable commit
-//! (module [`log`], ADR 0011). Only then is each commit acknowledged and visible. Readers use
-//! redb read transactions (MVCC snapshots), whose version is stored in the same file, so a
-//! snapshot and its version always agree. A crash loses nothing acknowledged: reopening
-//! recovers redb's last durable commit and re-applies the log's frames above it.
+//! resolves them in order against the conflict history and makes all that pass durable with
+//! **one** fsync: of the batch's frame in the commit log (module [`log`], ADR 0011), after which
+//! its writes join the in-memory overlay of what redb does not hold yet (module [`overlay`],
+//! ADR 0012); redb takes the overlay every 100 ms unsynced and each second durably. Only then is
+//! each commit acknowledged and visible. Without the log, each batch is one durable redb commit.
+//! A snapshot is a redb read transaction with the overlay's generation of the same moment, at
+//! the published version. A crash loses nothing acknowledged: reopening recovers redb's last
+//! durable commit and re-applies the log's frames above it.
 //!
 //! **A damaged store is not served** (ADR 0009): when the file changed since it was closed
 //! cleanly, or after a run that did not close it cleanly (up to a size bound), the open runs

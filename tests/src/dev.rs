@@ -22,6 +22,14 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Two free ports for a node's HTTP and gRPC listeners, never the same one (both held while
+/// the second is picked: two calls of [`free_port`] can be handed one port twice).
+pub fn free_port_pair() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
+}
+
 /// Spawns `bin dev --log warn` on `dir`, listening on 127.0.0.1 at `http` and `grpc`, its
 /// output discarded (not waited for).
 pub fn spawn_dev(bin: &str, dir: &Path, http: u16, grpc: u16) -> Killed {
@@ -50,7 +58,7 @@ impl DevNode {
     /// Starts `kairos` (the binary at `bin`) as `kairos dev --log warn` on `dir`, its log
     /// discarded, and waits up to 30 s until `/healthz` says it owns all 64 shards.
     pub async fn start(bin: &str, dir: &Path) -> DevNode {
-        let (http, grpc) = (free_port(), free_port());
+        let (http, grpc) = free_port_pair();
         let process = spawn_dev(bin, dir, http, grpc);
         let node = DevNode { process, http, endpoint: format!("http://127.0.0.1:{grpc}") };
         let t = Instant::now();

@@ -3,7 +3,7 @@
 //! stopped node makes a new one — refused while the node runs.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port_pair};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -78,7 +78,7 @@ fn admin_key(data: &Path) -> std::process::Output {
 fn the_last_admin_key_stays_and_a_stopped_node_makes_a_new_one() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let node = serve(&data, http, grpc);
     let file = data.join("admin-key");
     let first = token(&file, grpc);
@@ -144,7 +144,7 @@ fn modes(dir: &Path) -> Vec<(String, u32)> {
 fn the_data_directory_is_private() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let node = serve(&data, http, grpc);
     token(&data.join("admin-key"), grpc);
     stop(node);

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kairos_tests::dev::{Killed, free_port, spawn_dev};
+use kairos_tests::dev::{Killed, free_port, free_port_pair, spawn_dev};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
@@ -300,7 +300,7 @@ fn closed_stdout(bin: &str, args: &[&str]) -> Run {
 }
 
 fn start_node(dir: &Path) -> (Killed, String) {
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let node = spawn_dev(KAIROS, dir, http, grpc);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(20) {
@@ -433,7 +433,7 @@ fn the_console_on_a_terminal_edits_and_keeps_history() {
 #[test]
 fn serve_requires_keys_and_kairosctl_manages_them() {
     let dir = tempfile::tempdir().unwrap();
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let log = dir.path().join("serve.out");
     let child = Command::new(KAIROS)
         .args(["serve", "--data-dir", dir.path().to_str().unwrap(), "--log", "warn"])
@@ -518,7 +518,7 @@ fn serve_requires_keys_and_kairosctl_manages_them() {
 #[test]
 fn dev_says_authentication_is_off() {
     let dir = tempfile::tempdir().unwrap();
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let err = dir.path().join("dev.err");
     let child = Command::new(KAIROS)
         .args(["dev", "--data-dir", dir.path().to_str().unwrap()])
@@ -550,7 +550,7 @@ fn start_until_ready(dir: &Path) -> (Killed, u16) {
     let mut attempt = 0;
     'started: loop {
         attempt += 1;
-        let (http, grpc) = (free_port(), free_port());
+        let (http, grpc) = free_port_pair();
         let log = dir.join(format!("node-{attempt}.log"));
         let mut node = Killed(
             Command::new(KAIROS)

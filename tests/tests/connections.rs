@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port_pair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -118,7 +118,7 @@ fn a_worker_runs_an_execution(dir: &std::path::Path, endpoint: &str, key: &str) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_half_open_connections_leaves_the_node_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let (node, key) = start_node(dir.path(), http, grpc).await;
 
     // The flood: half an HTTP request's headers, half an HTTP/2 preface, then silence.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port_pair};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
@@ -86,7 +86,7 @@ fn ticks(http: u16) -> BTreeMap<String, Vec<Value>> {
 #[test]
 fn a_per_second_schedule_survives_a_sigkill_without_losing_or_doubling_an_occurrence() {
     let dir = tempfile::tempdir().unwrap();
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let mut node = start_node(dir.path(), http, grpc, 0);
     std::fs::write(dir.path().join("echo.yaml"), ECHO).unwrap();
     let (code, out, err) =

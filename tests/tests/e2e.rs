@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port_pair};
 use serde_json::{Value, json};
 
 const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
@@ -148,7 +148,7 @@ const FLAKY: &str = "name: flaky\nversion: 1\nretry: {max_attempts: 2, base_dela
 #[test]
 fn a_user_session_with_real_processes() {
     let dir = tempfile::tempdir().unwrap();
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let mut node = start_node(dir.path(), http, grpc);
     std::fs::write(dir.path().join("echo.yaml"), ECHO).unwrap();
     std::fs::write(dir.path().join("flaky.yaml"), FLAKY).unwrap();

@@ -4,7 +4,7 @@
 //! naming the namespace, the console switching namespace, and `/metrics` help texts.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use kairos_tests::dev::{Killed, free_port, spawn_dev};
+use kairos_tests::dev::{Killed, free_port_pair, spawn_dev};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,7 +42,7 @@ fn ctl_with(args: &[&str], input: Option<&str>) -> Run {
 
 /// A `kairos dev` node: (the process, its HTTP port, its gRPC `host:port` without a scheme).
 fn start_node(dir: &std::path::Path) -> (Killed, u16, String) {
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let node = spawn_dev(KAIROS, dir, http, grpc);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(30) {
@@ -207,7 +207,7 @@ fn cron_backfill_and_trigger(ctl: &dyn Fn(&[&str]) -> Run) {
 fn json_logs_hold_the_warnings_too() {
     let dir = tempfile::tempdir().unwrap();
     let err = dir.path().join("node.err");
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let _node = Killed(
         Command::new(KAIROS)
             .args(["dev", "--data-dir", dir.path().join("d").to_str().unwrap()])

@@ -2,7 +2,7 @@
 //! refused, not silently replaced by an empty cluster.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
-use kairos_tests::dev::free_port;
+use kairos_tests::dev::free_port_pair;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ const KAIROS: &str = env!("CARGO_BIN_EXE_e2e-kairos");
 /// Runs `kairos dev` on `dir` until it is healthy (then stops it with SIGTERM) or exits; returns
 /// whether it came up, and its stderr.
 fn run_node(dir: &Path, extra: &[&str]) -> (bool, String) {
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let log = dir.parent().unwrap().join(format!("node-{http}.log"));
     let mut child = Command::new(KAIROS)
         .args(["dev", "--data-dir", dir.to_str().unwrap(), "--log", "warn"])
@@ -96,7 +96,7 @@ fn start(dir: &Path) -> Result<Running, String> {
 
 /// [`start`] with environment variables.
 fn start_with(dir: &Path, env: &[(&str, &str)]) -> Result<Running, String> {
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let log = dir.parent().unwrap().join(format!("node-{http}.log"));
     let child = Command::new(KAIROS)
         .envs(env.iter().copied())

@@ -21,7 +21,7 @@ use kairos_layer::env::{Rng, SharedClock, SystemClock};
 use kairos_layer::kv::memory::{FaultConfig, MemoryDatabase};
 use kairos_proto::v1::ExecutionStatus;
 use kairos_sdk::{Client, Tls, Worker};
-use kairos_tests::dev::{Killed, free_port};
+use kairos_tests::dev::{Killed, free_port_pair};
 use kairos_tests::pki::{Ca, Leaf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -346,7 +346,7 @@ async fn the_binaries_over_https_with_mutual_tls() {
     let workers_ca_file = workers_ca.write(d, "workers-ca.pem");
     let (node_cert, node_key) = ca.server("node").write(d, "node");
     let (client_cert, client_key) = workers_ca.client("ops").write(d, "ops");
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let data = d.join("data");
     let node = Killed(
         Command::new(KAIROS)
@@ -479,7 +479,7 @@ async fn api_keys_over_tls() {
     let ca = Ca::new("kairos test CA");
     let ca_file = ca.write(d, "ca.pem");
     let (node_cert, node_key) = ca.server("node").write(d, "node");
-    let (http, grpc) = (free_port(), free_port());
+    let (http, grpc) = free_port_pair();
     let data = d.join("data");
     let _node = Killed(
         Command::new(KAIROS)

@@ -201,7 +201,7 @@ impl Committer {
 
     /// The batch made durable by the commit log alone: resolved, its writes encoded into one
     /// frame, appended and synced, then put into the overlay's generation (visible once
-    /// published). redb takes them at the next checkpoint.
+    /// published). redb takes them at the next flush or checkpoint.
     fn write_logged(
         &mut self,
         batch: Vec<Job>,

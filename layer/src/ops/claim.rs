@@ -130,7 +130,7 @@ pub(crate) async fn load_receipt(
     let taken: Receipt =
         crate::tuple::unpack(value).map_err(|e| Error::Corrupt(format!("claim receipt: {e}")))?;
     let loads = taken.iter().map(|(ns, id, _, _)| load_execution(tx, &sched.ks, ns, id));
-    let found = futures_util::future::try_join_all(loads).await?;
+    let found = crate::ops::join::join_in_order(loads).await?;
     Ok(taken
         .into_iter()
         .zip(found)
@@ -199,7 +199,7 @@ impl Scheduler {
             .map(|kv| self.ks.parse_ready(&kv.key).map(|r| r.execution_id))
             .collect::<std::result::Result<_, _>>()?;
         let loads = ids.iter().map(|id| load_execution(tx, &self.ks, ns, id));
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         Ok((picked.into_iter().zip(found).collect(), more))
     }
 
@@ -266,7 +266,7 @@ impl Scheduler {
             let range = self.ks.ready_queue(ns, queue, p).limit(per);
             async move { tx.get_range(&range, true).await }
         });
-        let heads = futures_util::future::try_join_all(reads).await?;
+        let heads = crate::ops::join::join_in_order(reads).await?;
         let full = heads.iter().any(|h| h.len() >= per);
         Ok((heads.into_iter().flatten().collect(), full))
     }
@@ -287,7 +287,7 @@ impl Scheduler {
             let tx = &tx;
             async move { tx.get_range(&range, true).await }
         });
-        let heads = futures_util::future::try_join_all(reads).await?;
+        let heads = crate::ops::join::join_in_order(reads).await?;
         if heads.iter().any(|h| !h.is_empty()) {
             return Ok(None);
         }

@@ -286,7 +286,7 @@ impl Scheduler {
                 let range = self.ks.timers_due(bucket, shard, now_ms).limit(scan + 1);
                 async move { Ok::<_, Error>((bucket, tx.get_range(&range, true).await?, range)) }
             });
-            for (bucket, got, range) in futures_util::future::try_join_all(reads).await? {
+            for (bucket, got, range) in crate::ops::join::join_in_order(reads).await? {
                 let (done, held) =
                     self.take_bucket(tx, got, (scan, limit), &mut rows, bucket, room)?;
                 out.held += held;
@@ -401,7 +401,7 @@ impl Scheduler {
                 Err(_) => quarantine(format!("unknown timer kind {}", timer.kind), ns, id),
             })
         });
-        let mut steps = futures_util::future::try_join_all(loads).await?;
+        let mut steps = crate::ops::join::join_in_order(loads).await?;
         // The timer of a quarantined step is cleared; its execution keeps pointing at it: drop
         // that reference so nothing waits on a timer that no longer exists.
         for s in &mut steps {

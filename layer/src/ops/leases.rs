@@ -124,7 +124,7 @@ impl Scheduler {
                         Ok::<_, Error>((owner, expiry))
                     }
                 });
-                let found = futures_util::future::try_join_all(reads).await?;
+                let found = crate::ops::join::join_in_order(reads).await?;
                 let mut out = Vec::with_capacity(wanted.len());
                 for ((space, partition), (owner, expiry)) in wanted.iter().zip(found) {
                     let (space, partition) = (*space, *partition);
@@ -208,7 +208,7 @@ impl Scheduler {
                     };
                     Ok::<_, Error>((owner, expiry))
                 });
-                let found = futures_util::future::try_join_all(reads).await?;
+                let found = crate::ops::join::join_in_order(reads).await?;
                 let mut out = Vec::with_capacity(held.len());
                 for ((space, partition, epoch), (owner, old)) in held.iter().zip(found) {
                     let (space, partition, epoch) = (*space, *partition, *epoch);
@@ -261,7 +261,7 @@ impl Scheduler {
                     let expiry = load_expiry(tx, self, *space, *p).await?;
                     Ok::<_, Error>((owner, expiry))
                 });
-                let found = futures_util::future::try_join_all(reads).await?;
+                let found = crate::ops::join::join_in_order(reads).await?;
                 for ((space, partition, epoch), (owner, expiry)) in held.iter().zip(found) {
                     let ours = owner.is_some_and(|o| o.epoch == *epoch && o.owner == node_id);
                     let released =

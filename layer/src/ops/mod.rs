@@ -31,6 +31,7 @@ pub mod definitions;
 pub mod error;
 pub mod fire;
 pub mod hold;
+pub(crate) mod join;
 pub mod leases;
 pub(crate) mod migrate;
 pub mod orphans;

@@ -150,7 +150,7 @@ impl Scheduler {
         now_ms: i64,
     ) -> Result<(usize, Vec<Execution>)> {
         let loads = named.iter().map(|(ns, id, _)| load_execution(tx, &self.ks, ns, id));
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         let mut released = Vec::new();
         let mut seen = 0;
         for ((_, _, token), e) in named.iter().zip(found) {

@@ -349,7 +349,7 @@ impl Scheduler {
             };
             Ok::<_, Error>(Some(e))
         });
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         Ok(ids.into_iter().zip(found).collect())
     }
 }

@@ -211,7 +211,7 @@ impl Scheduler {
     ) -> Result<Vec<Execution>> {
         let ids: Vec<String> = ids.collect();
         let loads = ids.iter().map(|id| snapshot_execution(tx, &self.ks, ns, id));
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         Ok(found.into_iter().flatten().collect())
     }
 
@@ -236,7 +236,7 @@ impl Scheduler {
                 Ok(Some(e))
             })
         });
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         Ok(found.into_iter().flatten().collect())
     }
 

@@ -307,9 +307,9 @@ impl Scheduler {
             futures_util::future::try_join(idem, own).await
         });
         let (defs, wms, per_item) = futures_util::future::try_join3(
-            futures_util::future::try_join_all(def_loads),
+            crate::ops::join::join_in_order(def_loads),
             self.watermarks(tx, shards),
-            futures_util::future::try_join_all(item_loads),
+            crate::ops::join::join_in_order(item_loads),
         )
         .await?;
         let defs: BTreeMap<(&str, &str, u32), Option<Arc<JobDefinition>>> =

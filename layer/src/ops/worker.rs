@@ -261,7 +261,7 @@ impl Scheduler {
         let reads = shards
             .into_iter()
             .map(|s| async move { Ok::<_, Error>((s, watermark(tx, &self.ks, s).await?)) });
-        Ok(futures_util::future::try_join_all(reads).await?.into_iter().collect())
+        Ok(crate::ops::join::join_in_order(reads).await?.into_iter().collect())
     }
 
     /// READY → RUNNING: a new attempt with the next fencing token, a lease and its check
@@ -422,7 +422,7 @@ impl Scheduler {
                 Err(_) => Ok(None),
             }
         });
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         let mut out = Vec::with_capacity(beats.len());
         let mut wrote = 0;
         for ((b, e), c) in beats.iter().zip(found).zip(checks) {
@@ -536,7 +536,7 @@ impl Scheduler {
                 Err(_) => Ok(None),
             }
         });
-        let found = futures_util::future::try_join_all(loads).await?;
+        let found = crate::ops::join::join_in_order(loads).await?;
         // Watermarks only for the shards whose executions get a new timer or go back on a
         // ready queue (failures), not for plain completions.
         let shards: BTreeSet<u32> = checked

@@ -560,7 +560,7 @@ impl Scheduler {
                         }
                     }
                 });
-                let found = futures_util::future::try_join_all(loads).await?;
+                let found = crate::ops::join::join_in_order(loads).await?;
                 let last = more.then(|| rows.last().map(|kv| kv.key.to_vec()).unwrap_or_default());
                 Ok::<_, Error>((found.into_iter().flatten().collect::<Vec<_>>(), last))
             })

@@ -64,7 +64,7 @@ impl Scheduler {
                     let rows = tx.get_range(&range, b >= current).await?;
                     Ok::<_, Error>((b, rows))
                 });
-                let found = futures_util::future::try_join_all(reads).await?;
+                let found = crate::ops::join::join_in_order(reads).await?;
                 let mut out = Vec::new();
                 let mut new_wm = None;
                 for (b, rows) in &found {

@@ -222,7 +222,7 @@ impl Scheduler {
             return Ok(report);
         }
         let lookups = job.outstanding.iter().map(|o| exec.status(ns, &o.execution_id));
-        let Ok(found) = futures_util::future::try_join_all(lookups).await else {
+        let Ok(found) = crate::ops::join::join_in_order(lookups).await else {
             self.cron_retry_at(shard, epoch, ns, id, Some(r.retry_at)).await?;
             report.wake_ms = Some(r.retry_at);
             return Ok(report);

@@ -187,7 +187,6 @@ impl Committer {
     /// holds).
     fn flush_due(&self) -> bool {
         !self.flush_failed
-            && !self.flusher.as_ref().is_some_and(Flusher::busy)
             && self.clock.now().since(self.last_flush).as_millis()
                 >= u128::from(self.engine.options().flush_interval_ms)
             && !self.overlay.layers().current.is_empty()
@@ -250,6 +249,12 @@ impl Committer {
                 self.flush_ended(true);
                 self.checkpoint(true);
             } else if self.flush_due() {
+                // At most one flush behind: when redb takes a generation more slowly than
+                // the commits fill the next (a large store, a slow disk), the commits wait
+                // for it here instead of the overlay growing without bound (S4 with
+                // 10,000,000 stored: S3's p99 after the preload 4.8 s without this, 21 ms
+                // with it).
+                self.flush_ended(true);
                 self.flush();
             }
         }

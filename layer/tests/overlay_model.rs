@@ -123,24 +123,6 @@ async fn reads_across_the_overlay_and_redb_match_a_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_from_the_overlay_alone_match_a_model_and_survive_the_reopen() {
-    let never = EmbeddedOptions {
-        checkpoint_interval_ms: 3_600_000,
-        flush_interval_ms: 3_600_000,
-        ..EmbeddedOptions::default()
-    };
+    let never = EmbeddedOptions { checkpoint_interval_ms: 3_600_000, ..EmbeddedOptions::default() };
     run(never, 11).await;
-}
-
-/// A flush after every batch, on the flusher's thread, while reads and commits go on: readers
-/// meet a frozen generation being written to redb, the current one and redb at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_while_the_flusher_writes_match_a_model() {
-    let flushing = EmbeddedOptions {
-        checkpoint_interval_ms: 3_600_000,
-        flush_interval_ms: 0,
-        ..EmbeddedOptions::default()
-    };
-    for seed in 21..=24 {
-        run(flushing.clone(), seed).await;
-    }
 }

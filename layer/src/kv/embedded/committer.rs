@@ -1,8 +1,7 @@
 //! The group committer: one thread that resolves queued commits in order and makes each batch
 //! durable with one fsync — of the batch's frame in the commit log (module [`log`](super::log)),
 //! its writes then kept in the overlay (module [`overlay`](super::overlay)) until redb takes them
-//! at a flush (on the flusher's thread, module [`flusher`](super::flusher)) or a checkpoint;
-//! without the log, of one durable redb commit per batch.
+//! at a flush or a checkpoint; without the log, of one durable redb commit per batch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +14,6 @@ use tokio::sync::oneshot;
 use super::contain::contain;
 use super::engine::Engine;
 use super::errors::{classify, needs_reopen};
-use super::flusher::{Flusher, Outcome, write_generations};
 use super::log::{FrameBody, TableTarget};
 use super::overlay::{Overlay, StagedTarget};
 use super::{DATA, EmbeddedStats, META, META_VERSION};
@@ -55,11 +53,6 @@ pub(crate) struct Committer {
     log_failed: bool,
     /// The writes the log holds and redb does not yet (module [`overlay`](super::overlay)).
     overlay: Arc<Overlay>,
-    /// Writes frozen generations into redb off this thread (with the log; without a thread,
-    /// a flush runs here).
-    flusher: Option<Flusher>,
-    /// A flush failed: its generation stays frozen until the next checkpoint writes it.
-    flush_failed: bool,
 }
 
 /// The committer has no logger: a failed re-check leaves the watches as they are (they fire on
@@ -76,11 +69,14 @@ impl Committer {
             let r = self.engine.current()?.begin_read().map_err(storage)?;
             r.open_table(DATA).map_err(storage)
         };
-        match self.overlay.with_layers(|l| read().map(|t| (l.clone(), t))) {
-            Ok((layers, table)) => self.watches.revalidate(|k| match layers.latest(k) {
-                Some(v) => v,
-                None => table.get(k).ok().flatten().map(|g| Bytes::copy_from_slice(g.value())),
-            }),
+        match read() {
+            Ok(table) => {
+                let generation = self.overlay.current();
+                self.watches.revalidate(|k| match generation.latest(k) {
+                    Some(v) => v,
+                    None => table.get(k).ok().flatten().map(|g| Bytes::copy_from_slice(g.value())),
+                })
+            }
             Err(e) => tracing_free_warn(&e),
         }
     }
@@ -88,12 +84,7 @@ impl Committer {
     pub(crate) fn new(
         engine: Arc<Engine>,
         clock: SharedClock,
-        (watches, stats, overlay, flusher): (
-            Arc<Watches>,
-            Arc<EmbeddedStats>,
-            Arc<Overlay>,
-            Option<Flusher>,
-        ),
+        (watches, stats, overlay): (Arc<Watches>, Arc<EmbeddedStats>, Arc<Overlay>),
         version: u64,
         (active, published): (Arc<ActiveReads>, Arc<AtomicU64>),
     ) -> Self {
@@ -111,8 +102,6 @@ impl Committer {
             last_flush: last_checkpoint,
             log_failed: false,
             overlay,
-            flusher,
-            flush_failed: false,
         }
     }
 
@@ -138,31 +127,26 @@ impl Committer {
             if let Err(panic) = outcome {
                 // The batch's replies were dropped with the unwinding: their callers see an
                 // unknown result and retry, and get the reason below.
-                self.engine_failed(&panic);
+                let what = panic;
+                self.engine.set_health(StoreHealth::Failed {
+                    reason: format!(
+                        "the storage engine failed ({what}): the store may be damaged; stop the \
+                         node and run `kairos check`"
+                    ),
+                });
             }
         }
         self.checkpoint_at_close();
     }
 
-    /// A panic of the engine (a damaged file): every later commit is refused with the reason.
-    fn engine_failed(&self, panic: &str) {
-        self.engine.set_health(StoreHealth::Failed {
-            reason: format!(
-                "the storage engine failed ({panic}): the store may be damaged; stop the node \
-                 and run `kairos check`"
-            ),
-        });
-    }
-
     /// The store is closing: one durable engine commit takes in every commit the log holds, and
     /// the log is emptied (a clean close leaves nothing to replay).
     fn checkpoint_at_close(&mut self) {
-        self.flush_ended(true);
         if matches!(self.engine.health(), StoreHealth::Failed { .. }) {
             return;
         }
         if self.engine.log().as_ref().is_some_and(|l| l.len() > 0)
-            || !self.overlay.layers().is_empty()
+            || !self.overlay.current().is_empty()
         {
             let _ = contain(|| self.checkpoint(true));
         }
@@ -186,46 +170,9 @@ impl Committer {
     /// and the reads stop meeting its deletions (a scan steps over each deleted key redb still
     /// holds).
     fn flush_due(&self) -> bool {
-        !self.flush_failed
-            && self.clock.now().since(self.last_flush).as_millis()
-                >= u128::from(self.engine.options().flush_interval_ms)
-            && !self.overlay.layers().current.is_empty()
-    }
-
-    /// Takes the outcome of the flush under way once it has ended (waiting for it if `wait`):
-    /// a failed flush leaves its generation frozen for the next checkpoint; an I/O error
-    /// re-opens the engine (which replays the log), a panic marks the store failed.
-    fn flush_ended(&mut self, wait: bool) {
-        let Some(flusher) = self.flusher.as_mut() else { return };
-        let outcome: Option<Outcome> = if wait { flusher.wait() } else { flusher.finished() };
-        match outcome {
-            None | Some(Ok(Ok(()))) => {}
-            Some(Ok(Err(e))) => {
-                self.flush_failed = true;
-                if needs_reopen(&e) {
-                    self.refuse_writes(&e);
-                    let _ = self.engine.reopen();
-                }
-            }
-            Some(Err(panic)) => {
-                self.flush_failed = true;
-                self.engine_failed(&panic);
-            }
-        }
-    }
-
-    /// redb takes the current generation without a sync: frozen and handed to the flusher,
-    /// or here without one.
-    fn flush(&mut self) {
-        let version = self.published.load(Ordering::Acquire);
-        let Some(flusher) = self.flusher.as_mut() else {
-            self.checkpoint(false);
-            return;
-        };
-        if let Some(frozen) = self.overlay.freeze() {
-            flusher.start_flush(frozen, version);
-        }
-        self.last_flush = self.clock.now();
+        self.clock.now().since(self.last_flush).as_millis()
+            >= u128::from(self.engine.options().flush_interval_ms)
+            && !self.overlay.current().is_empty()
     }
 
     fn commit_batch(&mut self, batch: Vec<Job>) {
@@ -244,18 +191,10 @@ impl Committer {
             Err(e) => self.failed(&e, accepted),
         }
         if logged {
-            self.flush_ended(false);
             if self.checkpoint_due() {
-                self.flush_ended(true);
                 self.checkpoint(true);
             } else if self.flush_due() {
-                // At most one flush behind: when redb takes a generation more slowly than
-                // the commits fill the next (a large store, a slow disk), the commits wait
-                // for it here instead of the overlay growing without bound (S4 with
-                // 10,000,000 stored: S3's p99 after the preload 4.8 s without this, 21 ms
-                // with it).
-                self.flush_ended(true);
-                self.flush();
+                self.checkpoint(false);
             }
         }
     }
@@ -271,12 +210,8 @@ impl Committer {
         changes: &mut Vec<Change>,
     ) -> Result<()> {
         let db = self.engine.current()?;
-        // The generations and redb of one moment (a flush ending meanwhile drops its
-        // generation only once redb holds it).
-        let (layers, r) = self
-            .overlay
-            .with_layers(|l| db.begin_read().map(|r| (l.clone(), r)))
-            .map_err(storage)?;
+        let generation = self.overlay.current();
+        let r = db.begin_read().map_err(storage)?;
         let redb = r.open_table(DATA).map_err(storage)?;
         let resolved = self.resolve(batch, accepted);
         if accepted.is_empty() {
@@ -287,7 +222,7 @@ impl Committer {
         self.frame.clear();
         let mut target = StagedTarget {
             frame: &mut self.frame,
-            layers: &layers,
+            generation: &generation,
             redb: &redb,
             staged: Vec::new(),
             cleared: Default::default(),
@@ -303,34 +238,50 @@ impl Committer {
             return Err(e);
         }
         let floor = self.active.floor(self.published.load(Ordering::Acquire));
-        layers.current.insert(staged, self.resolver.version(), floor);
+        generation.insert(staged, self.resolver.version(), floor);
         for (m, _) in &resolved {
             self.stats.writes.committed(m);
         }
         Ok(())
     }
 
-    /// redb takes the overlay (a frozen generation a failed flush left, then the current one)
-    /// in one commit, in key order, and later snapshots read redb alone. `durable`: a
-    /// checkpoint, synced, after which the log starts again; otherwise a flush in line (no
-    /// flusher thread), not synced (redb keeps the pages in memory; a re-open replays the log).
-    /// No flush may be under way. On failure the overlay and the log stay (the next one tries
-    /// again); an I/O error re-opens the engine, which replays the log.
+    /// redb takes the generation in one commit, in key order, and later snapshots read redb
+    /// alone. `durable`: a checkpoint, synced, after which the log starts again; otherwise a
+    /// flush, not synced (redb keeps the pages in memory; a re-open replays the log). On
+    /// failure the generation and the log stay (the next one tries again); an I/O error
+    /// re-opens the engine, which replays the log.
     fn checkpoint(&mut self, durable: bool) {
-        debug_assert!(!self.flusher.as_ref().is_some_and(Flusher::busy), "no flush under way");
-        let layers = self.overlay.layers();
+        let generation = self.overlay.current();
         let version = self.published.load(Ordering::Acquire);
-        let generations: Vec<&super::overlay::Generation> =
-            layers.frozen.iter().map(|f| &**f).chain([&*layers.current]).collect();
-        let written = write_generations(&self.engine, &generations, version, durable);
+        let written = (|| -> Result<()> {
+            let db = self.engine.current()?;
+            let mut w = db.begin_write().map_err(storage)?;
+            if !durable {
+                w.set_durability(redb::Durability::None)
+                    .map_err(|e| Error::Storage(format!("write: {e}")))?;
+            }
+            w.set_quick_repair(true);
+            {
+                let mut table = w.open_table(DATA).map_err(storage)?;
+                let mut meta = w.open_table(META).map_err(storage)?;
+                generation.each_latest(|k, v| {
+                    match v {
+                        Some(v) => table.insert(k, v).map(|_| ()),
+                        None => table.remove(k).map(|_| ()),
+                    }
+                    .map_err(storage)
+                })?;
+                meta.insert(META_VERSION, version).map_err(storage)?;
+            }
+            w.commit().map_err(storage)
+        })();
         self.last_flush = self.clock.now();
         if durable {
             self.last_checkpoint = self.last_flush;
         }
         match written {
             Ok(()) => {
-                self.overlay.clear();
-                self.flush_failed = false;
+                self.overlay.swap();
                 if durable {
                     self.checkpointed();
                 }
@@ -347,13 +298,10 @@ impl Committer {
     /// it (the engine stays usable for reads); an engine closed by an earlier I/O error is
     /// re-opened first. Otherwise every job hears why.
     fn ready_for(&mut self, batch: Vec<Job>) -> Option<Vec<Job>> {
-        let ready = self.engine.check_space().and_then(|()| {
-            if self.engine.is_open() {
-                return Ok(());
-            }
-            self.flush_ended(true); // the flusher lets go of the engine first
-            self.engine.reopen()
-        });
+        let ready = self
+            .engine
+            .check_space()
+            .and_then(|()| if self.engine.is_open() { Ok(()) } else { self.engine.reopen() });
         let Err(e) = ready else { return Some(batch) };
         let reason = format!("writes refused: {e}");
         self.engine.set_health(StoreHealth::WritesRefused { reason });
@@ -489,7 +437,6 @@ impl Committer {
         if reopen {
             // Nothing of the failed batch was made durable: the store is where it was. If it
             // cannot be opened now (opening writes too), the next reader or batch tries again.
-            self.flush_ended(true);
             let _ = self.engine.reopen();
         }
     }

@@ -5,9 +5,9 @@
 //! resolves them in order against the conflict history and makes all that pass durable with
 //! **one** fsync: of the batch's frame in the commit log (module [`log`], ADR 0011), after which
 //! its writes join the in-memory overlay of what redb does not hold yet (module [`overlay`],
-//! ADR 0012); redb takes the overlay every 100 ms unsynced (on the flusher's thread, ADR 0013)
-//! and each second durably. Only then is each commit acknowledged and visible. Without the log, each batch is one durable redb commit.
-//! A snapshot is a redb read transaction with the overlay's generations of the same moment, at
+//! ADR 0012); redb takes the overlay every 100 ms unsynced and each second durably. Only then is
+//! each commit acknowledged and visible. Without the log, each batch is one durable redb commit.
+//! A snapshot is a redb read transaction with the overlay's generation of the same moment, at
 //! the published version. A crash loses nothing acknowledged: reopening recovers redb's last
 //! durable commit and re-applies the log's frames above it.
 //!
@@ -26,7 +26,6 @@ mod committer;
 mod contain;
 mod engine;
 mod errors;
-mod flusher;
 mod integrity;
 mod log;
 mod overlay;
@@ -45,7 +44,7 @@ use tokio::sync::oneshot;
 
 use self::committer::{Committer, Job};
 use self::engine::Engine;
-use self::overlay::{Layers, LayersCursor, Overlay};
+use self::overlay::{Cursor, Generation, Overlay};
 use super::error::{Error, Result};
 use super::local::watch::{WatchSender, Watches};
 use super::local::{ActiveReads, CommitRequest, LocalStore, LocalTransaction, Snapshot};
@@ -191,19 +190,6 @@ fn storage<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> Error {
     move |e| Error::Storage(format!("{what}: {e}"))
 }
 
-/// The version redb holds (its tables created on a new store).
-fn stored_version(engine: &Engine) -> Result<u64> {
-    let db = engine.current()?;
-    let w = db.begin_write().map_err(storage("begin write"))?;
-    let version = {
-        w.open_table(DATA).map_err(storage("open table"))?;
-        let meta = w.open_table(META).map_err(storage("open table"))?;
-        meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value())
-    };
-    w.commit().map_err(storage("commit"))?;
-    Ok(version)
-}
-
 impl EmbeddedDatabase {
     /// Opens (or creates) the store at `path` (a file), recovering the last durable commit.
     pub fn open(path: impl AsRef<Path>, clock: SharedClock) -> Result<Self> {
@@ -236,20 +222,28 @@ impl EmbeddedDatabase {
         if let Integrity::Unverified { why } = &integrity {
             tracing::warn!(store = %path.display(), why, "the store opens without being verified");
         }
-        let version = if engine.damaged().is_some() { 0 } else { stored_version(&engine)? };
+        let version = if engine.damaged().is_some() {
+            0
+        } else {
+            let db = engine.current()?;
+            let w = db.begin_write().map_err(storage("begin write"))?;
+            let version = {
+                w.open_table(DATA).map_err(storage("open table"))?;
+                let meta = w.open_table(META).map_err(storage("open table"))?;
+                meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value())
+            };
+            w.commit().map_err(storage("commit"))?;
+            version
+        };
         let (watches, stats) = (Arc::new(Watches::default()), Arc::new(EmbeddedStats::default()));
         let (tx, rx) = std::sync::mpsc::channel();
         let active = Arc::new(ActiveReads::default());
         let published = Arc::new(AtomicU64::new(version));
         let overlay = Arc::new(Overlay::default());
-        let flusher = match engine.options().commit_log {
-            true => Some(flusher::Flusher::start(engine.clone(), overlay.clone())?),
-            false => None,
-        };
         let committer = Committer::new(
             engine.clone(),
             clock.clone(),
-            (watches.clone(), stats.clone(), overlay.clone(), flusher),
+            (watches.clone(), stats.clone(), overlay.clone()),
             version,
             (active.clone(), published.clone()),
         );
@@ -313,8 +307,8 @@ struct RedbSnapshot {
     table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     version: u64,
     engine: Arc<Engine>,
-    /// The writes since the flush `table` was read at, which it does not hold.
-    layers: Layers,
+    /// The writes since the checkpoint `table` was read at, which it does not hold.
+    generation: Arc<Generation>,
 }
 
 impl RedbSnapshot {
@@ -336,7 +330,7 @@ impl Snapshot for RedbSnapshot {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        if let Some(v) = self.layers.get(key, self.version) {
+        if let Some(v) = self.generation.get(key, self.version) {
             return Ok(v);
         }
         self.guarded("read", || {
@@ -352,12 +346,12 @@ impl Snapshot for RedbSnapshot {
         reverse: bool,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        let mut newer = LayersCursor::new(&self.layers, (begin, end), reverse, self.version);
+        let mut newer = Cursor::new(&self.generation, (begin, end), reverse, self.version);
         if newer.peek().is_none() {
             return self.guarded("range read", || self.scan_unguarded(begin, end, reverse, visit));
         }
-        // The overlay's keys merged with redb's, the overlay's version winning; a deletion
-        // there hides redb's key.
+        // The generation's keys merged with redb's, the generation's version winning; a
+        // deletion there hides redb's key.
         let mut stopped = false;
         let before = |a: &[u8], b: &[u8]| if reverse { a > b } else { a < b };
         let mut merged = |key: &[u8], value: &[u8]| -> bool {
@@ -459,17 +453,17 @@ impl LocalStore for Store {
             return Err(Error::DatabaseClosed);
         }
         let db = self.0.engine.current()?;
-        self.0.overlay.with_layers(|layers| {
+        self.0.overlay.with_current(|generation| {
             let r = db.begin_read().map_err(storage("begin read"))?;
             let table = r.open_table(DATA).map_err(storage("open table"))?;
             let meta = r.open_table(META).map_err(storage("open table"))?;
             let checkpoint =
                 meta.get(META_VERSION).map_err(storage("read version"))?.map_or(0, |g| g.value());
-            // Read after redb: every write of the overlay up to it is there. Without the log,
+            // Read after redb: every write of the generation up to it is there. Without the log,
             // redb may hold a batch not yet published (then its version is the snapshot's).
             let version = checkpoint.max(self.0.published.load(Ordering::Acquire));
-            let layers = layers.clone();
-            Ok(Arc::new(RedbSnapshot { table, version, engine: self.0.engine.clone(), layers })
+            let generation = generation.clone();
+            Ok(Arc::new(RedbSnapshot { table, version, engine: self.0.engine.clone(), generation })
                 as Arc<dyn Snapshot>)
         })
     }

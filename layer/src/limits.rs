@@ -26,6 +26,9 @@ pub const CLAIM_SCAN_MAX: usize = 1024;
 pub const CLAIM_EXECUTIONS_MAX: usize = CLAIM_SCAN_MAX;
 /// Most timers one `fire_due` transaction processes.
 pub const FIRE_BATCH_MAX: usize = 1_000;
+/// Furthest ahead of its clock a pre-fire (`ops::prefire`) starts executions for waiting
+/// workers.
+pub const PREFIRE_AHEAD_MS_MAX: i64 = 1_000;
 /// Longest a fire holds back a due execution for its node's busy workers (`ops::hold`): one
 /// due longer ago is made READY, for any node's worker or poll to claim.
 pub const HOLD_MS_MAX: i64 = 60_000;

@@ -89,7 +89,7 @@ pub struct FireOutcome {
 }
 
 /// What one due timer turned into, before matching.
-enum Step {
+pub(super) enum Step {
     /// Stale: its execution is gone or has another timer.
     Stale,
     /// Becomes READY (DUE or RETRY), unless matched.
@@ -104,7 +104,7 @@ enum Step {
 type ReadyByQueue = BTreeMap<(String, String), Vec<(Execution, TimerKey)>>;
 
 /// A timer that cannot be processed, and why.
-struct Unprocessable {
+pub(super) struct Unprocessable {
     key: Vec<u8>,
     value: Vec<u8>,
     reason: String,
@@ -342,7 +342,7 @@ impl Scheduler {
 
     /// Decodes due timer rows and loads their executions (concurrently); the caller clears the
     /// timers it processes.
-    async fn steps(&self, tx: &Transaction, rows: Vec<KeyValue>) -> Result<Vec<Step>> {
+    pub(super) async fn steps(&self, tx: &Transaction, rows: Vec<KeyValue>) -> Result<Vec<Step>> {
         let loads = rows.into_iter().map(|kv| async move {
             let quarantine = |reason: String, ns: String, id: String| {
                 Step::Quarantine(Unprocessable {
@@ -669,11 +669,11 @@ fn within_budget(
 }
 
 /// The event a DUE or RETRY timer applies.
-fn fire_event(t: &TimerKey) -> ExecutionEvent {
+pub(super) fn fire_event(t: &TimerKey) -> ExecutionEvent {
     if t.kind == TimerKind::Due as i32 { ExecutionEvent::Fire } else { ExecutionEvent::RetryDue }
 }
 
-fn fired(e: &Execution, t: &TimerKey, timed_out: bool) -> Fired {
+pub(super) fn fired(e: &Execution, t: &TimerKey, timed_out: bool) -> Fired {
     Fired {
         namespace: e.namespace.clone(),
         execution_id: e.id.clone(),

@@ -35,6 +35,7 @@ pub(crate) mod join;
 pub mod leases;
 pub(crate) mod migrate;
 pub mod orphans;
+pub mod prefire;
 pub mod query;
 pub mod records;
 pub mod retention;

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use kairos_layer::env::Timestamp;
 use kairos_layer::ops::claim::Claimed;
 use kairos_layer::ops::fire::{FireOutcome, Fired};
 use kairos_layer::ops::submit::Submitted;
@@ -16,7 +17,7 @@ use kairos_layer::ops::worker::{HeartbeatOutcome, Outcome, Report};
 use kairos_layer::ops::{self, Error, timer_of};
 use kairos_proto::storage::v1::{CronJob, Execution, ExecutionStatus, TimerKind};
 
-use super::context::Ctx;
+use super::context::{Ctx, send_after};
 use super::matchmaker::Reserved;
 use super::messages::{DispatcherMsg, QueueKey};
 
@@ -194,8 +195,27 @@ pub(crate) fn fired(
         count_fired(ctx, f, now);
     }
     ctx.metrics.quarantined.fetch_add(out.quarantined as u64, Ordering::Relaxed);
-    deliver_matched(ctx, shard, out, offer);
+    deliver_matched(ctx, shard, out, offer, false);
     hint_ready(ctx, &out.fired);
+}
+
+/// What a pre-fire did (`ops::prefire`): as [`fired`], but the executions it started reach the
+/// dispatcher — and their workers — at their start time (their `execute_at`), not before.
+pub(crate) fn prefired(
+    ctx: &Ctx,
+    shard: u32,
+    out: &ops::Result<FireOutcome>,
+    offer: BTreeMap<QueueKey, Reserved>,
+) {
+    let Ok(out) = out else {
+        for (q, r) in offer {
+            ctx.matchmaker.give_back(&q, r.grants);
+        }
+        return;
+    };
+    ctx.metrics.timers_fired.fetch_add(out.fired.len() as u64, Ordering::Relaxed);
+    ctx.metrics.prefired.fetch_add(out.matched.len() as u64, Ordering::Relaxed);
+    deliver_matched(ctx, shard, out, offer, true);
 }
 
 /// Room appeared for held executions (a worker's credits, a drained dispatch buffer, or what a
@@ -209,8 +229,15 @@ pub(crate) fn room(ctx: &Ctx) {
 }
 
 /// Settles a fire's offer: per queue, what it matched goes to the dispatcher (which marks the
-/// grants used as it delivers), the rest of the offer goes back to the ledger now.
-fn deliver_matched(ctx: &Ctx, shard: u32, out: &FireOutcome, offer: BTreeMap<QueueKey, Reserved>) {
+/// grants used as it delivers) — at each execution's start time when `at_start` (a pre-fire's,
+/// started ahead) — the rest of the offer goes back to the ledger now.
+fn deliver_matched(
+    ctx: &Ctx,
+    shard: u32,
+    out: &FireOutcome,
+    offer: BTreeMap<QueueKey, Reserved>,
+    at_start: bool,
+) {
     let mut to_deliver = Vec::with_capacity(out.matched.len());
     for (q, r) in offer {
         let mut used = vec![0; r.slots.len()];
@@ -226,12 +253,29 @@ fn deliver_matched(ctx: &Ctx, shard: u32, out: &FireOutcome, offer: BTreeMap<Que
         return;
     }
     ctx.metrics.matched_at_fire.fetch_add(to_deliver.len() as u64, Ordering::Relaxed);
-    match ctx.routes.dispatcher() {
-        Some(d) => {
-            let _ = d.send_message(DispatcherMsg::Matched(to_deliver));
-        }
+    let Some(d) = ctx.routes.dispatcher() else {
         // No dispatcher (draining): the leases run out and the retry policy applies.
-        None => tracing::warn!(shard, "matched executions with no dispatcher to deliver them"),
+        tracing::warn!(shard, "matched executions with no dispatcher to deliver them");
+        return;
+    };
+    if !at_start {
+        let _ = d.send_message(DispatcherMsg::Matched(to_deliver));
+        return;
+    }
+    let mut by_start: BTreeMap<i64, Vec<_>> = BTreeMap::new();
+    for m in to_deliver {
+        by_start.entry(m.0.execution.started_at_ms).or_default().push(m);
+    }
+    // Waits measured from the clock's nanoseconds: the start time is a whole millisecond.
+    let now = ctx.clock.now();
+    for (at, matched) in by_start {
+        let wait = Timestamp::from_millis(at).since(now);
+        ctx.fire_gate.delivering_at(at);
+        if wait.is_zero() {
+            let _ = d.send_message(DispatcherMsg::Matched(matched));
+        } else {
+            send_after(&ctx.clock, wait, d.clone(), DispatcherMsg::Matched(matched));
+        }
     }
 }
 

@@ -9,7 +9,13 @@
 //! before their own transactions begin. The lead fire's
 //! executions reach their worker first; the rest follow a few milliseconds later, which a burst
 //! of any size does not notice. Fires during a burst are never gated (it is not quiet).
+//!
+//! Executions a pre-fire started ahead are handed over at their due time: a fire decided
+//! within [`LEAD_WAIT_MS`] before such a delivery, or [`AFTER_LEAD_MS`] after it, waits until
+//! [`AFTER_LEAD_MS`] after it — the burst's fires would otherwise take the runtime's threads
+//! from the deliveries at the very instant they are due.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -31,11 +37,17 @@ pub struct FireGate {
     last_room_fire_ms: AtomicI64,
     /// The lead fire in flight: told when it is done.
     lead: Mutex<Option<watch::Receiver<bool>>>,
+    /// When pre-fired executions are handed over (ms, the node's clock), recent and coming.
+    deliveries: Mutex<BTreeSet<i64>>,
 }
 
 impl Default for FireGate {
     fn default() -> Self {
-        FireGate { last_room_fire_ms: AtomicI64::new(i64::MIN / 2), lead: Mutex::new(None) }
+        FireGate {
+            last_room_fire_ms: AtomicI64::new(i64::MIN / 2),
+            lead: Mutex::new(None),
+            deliveries: Mutex::new(BTreeSet::new()),
+        }
     }
 }
 
@@ -67,6 +79,25 @@ impl FireGate {
         let (tx, rx) = watch::channel(false);
         *lead = Some(rx);
         Pass::Lead(tx)
+    }
+
+    /// Pre-fired executions will be handed over at `at_ms`.
+    pub fn delivering_at(&self, at_ms: i64) {
+        self.deliveries.lock().unwrap_or_else(|e| e.into_inner()).insert(at_ms);
+    }
+
+    /// How long a fire decided at `now_ms` waits for pre-fired deliveries (see the module
+    /// docs): until [`AFTER_LEAD_MS`] after the latest one due within [`LEAD_WAIT_MS`], unless
+    /// that one is more than [`AFTER_LEAD_MS`] past.
+    pub fn wait_for_deliveries(&self, now_ms: i64) -> Option<Duration> {
+        let mut d = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        let after = AFTER_LEAD_MS as i64;
+        // Deliveries long past matter no more.
+        while d.first().is_some_and(|t| *t < now_ms - after) {
+            d.pop_first();
+        }
+        let last = d.range(..=now_ms + LEAD_WAIT_MS as i64).next_back()?;
+        u64::try_from(last + after - now_ms).ok().filter(|w| *w > 0).map(Duration::from_millis)
     }
 
     /// The lead fire is done (committed or failed): the fires waiting for it go.
@@ -104,6 +135,22 @@ mod tests {
         assert!(*rx.borrow(), "the followers are told");
         assert!(matches!(g.enter(1_002, true), Pass::Go), "within a burst nobody leads");
         assert!(matches!(g.enter(1_002 + QUIET_MS, true), Pass::Lead(_)), "quiet again: lead");
+    }
+
+    #[test]
+    fn fires_next_to_a_prefired_delivery_wait_until_just_after_it() {
+        let g = FireGate::default();
+        assert_eq!(g.wait_for_deliveries(1_000), None, "nothing to deliver");
+        g.delivering_at(1_000);
+        g.delivering_at(1_100);
+        let ms = |n| Some(Duration::from_millis(n));
+        assert_eq!(g.wait_for_deliveries(996), ms(6), "due within the bound: until after it");
+        assert_eq!(g.wait_for_deliveries(1_001), ms(1), "just past: the rest of the pause");
+        assert_eq!(g.wait_for_deliveries(1_002), None, "past the pause");
+        assert_eq!(g.wait_for_deliveries(1_050), None, "the next one is too far ahead");
+        assert_eq!(g.wait_for_deliveries(1_099), ms(3));
+        assert_eq!(g.wait_for_deliveries(1_200), None);
+        assert!(g.deliveries.lock().unwrap().is_empty(), "forgotten once past");
     }
 
     #[tokio::test]

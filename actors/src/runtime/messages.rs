@@ -111,6 +111,8 @@ pub enum OwnerMsg {
     Hint(TimerKey),
     /// A `fire_due` at the given time finished (its effects are done).
     Fired(Result<FireOutcome, Error>, i64),
+    /// A pre-fire finished (its effects are done).
+    Prefired(Result<FireOutcome, Error>),
     /// A window load up to the given time finished.
     Loaded(Result<(Vec<TimerKey>, bool), Error>, i64),
     /// The node's workers have room: fire the executions the last fire held back.

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use kairos_layer::kv::postgres::PostgresOptions;
 use kairos_layer::limits::{
-    CRON_LOOKAHEAD_MAX_MS, FAIR_SCAN_ROWS_MAX, FIRE_BATCH_MAX, NAME_BYTES_MAX, SHARD_COUNT_MAX,
+    CRON_LOOKAHEAD_MAX_MS, FAIR_SCAN_ROWS_MAX, FIRE_BATCH_MAX, NAME_BYTES_MAX,
+    PREFIRE_AHEAD_MS_MAX, SHARD_COUNT_MAX,
 };
 use serde::Deserialize;
 
@@ -160,6 +161,9 @@ pub struct NodeConfig {
     pub poll_interval_ms: u64,
     /// Timers per fire transaction.
     pub fire_batch: usize,
+    /// How early a shard owner may start an execution for a worker waiting now (a *pre-fire*:
+    /// committed before `execute_at`, handed to the worker at it); 0 turns it off.
+    pub prefire_ms: u64,
     /// How early the cron service materializes an occurrence (the core scheduler then fires it
     /// on time). At most 1 hour.
     pub cron_lookahead_ms: u64,
@@ -250,6 +254,7 @@ impl Default for NodeConfig {
             window_timers_max: 100_000,
             poll_interval_ms: 1_000,
             fire_batch: 256,
+            prefire_ms: 20,
             cron_lookahead_ms: 5_000,
             poll_wait_max_ms: 60_000,
             queue_concurrency: BTreeMap::new(),
@@ -287,9 +292,10 @@ fn bad(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Environment variables read, and the setting each overrides.
-pub const ENV_VARS: [(&str, &str); 32] = [
+pub const ENV_VARS: [(&str, &str); 33] = [
     ("KAIROS_AUTH", "auth"),
     ("KAIROS_FAIR_SCAN_ROWS", "fair_scan_rows"),
+    ("KAIROS_PREFIRE_MS", "prefire_ms"),
     ("KAIROS_NODE_ID", "node_id"),
     ("KAIROS_DATA_DIR", "data_dir"),
     ("KAIROS_BACKEND", "backend"),
@@ -381,6 +387,7 @@ impl NodeConfig {
             "shard_lease_ms" => self.shard_lease_ms = num(value)?,
             "max_clock_skew_ms" => self.max_clock_skew_ms = num(value)?,
             "poll_interval_ms" => self.poll_interval_ms = num(value)?,
+            "prefire_ms" => self.prefire_ms = num(value)?,
             "retention_days" => self.retention_days = num32(value)?,
             "retention_sweep_ms" => self.retention_sweep_ms = num(value)?,
             "audit_retention_days" => self.audit_retention_days = num32(value)?,
@@ -525,6 +532,9 @@ impl NodeConfig {
         }
         if self.ready_partitions > self.shard_count {
             return Err(bad("ready_partitions", "must be at most shard_count"));
+        }
+        if self.prefire_ms > PREFIRE_AHEAD_MS_MAX as u64 {
+            return Err(bad("prefire_ms", format!("must be at most {PREFIRE_AHEAD_MS_MAX}")));
         }
         if self.fire_batch == 0 || self.fire_batch > FIRE_BATCH_MAX {
             return Err(bad("fire_batch", format!("must be between 1 and {FIRE_BATCH_MAX}")));

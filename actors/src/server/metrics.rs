@@ -154,6 +154,8 @@ pub struct Metrics {
     pub claimed: AtomicU64,
     /// Executions started for a waiting worker by the transaction that fired them.
     pub matched_at_fire: AtomicU64,
+    /// Of those, started ahead of their `execute_at` by a pre-fire (handed over at it).
+    pub prefired: AtomicU64,
     /// Claimed executions whose worker vanished, released back to READY.
     pub orphans_released: AtomicU64,
     /// Timers put aside as unprocessable (see the admin API's `Quarantined`).
@@ -297,6 +299,11 @@ impl Metrics {
                 "kairos_matched_at_fire",
                 "Executions started for a waiting worker by the transaction that fired them.",
                 &self.matched_at_fire,
+            ),
+            (
+                "kairos_prefired",
+                "Executions started for a waiting worker ahead of their execute_at by a pre-fire, handed over at it (counted in kairos_matched_at_fire too).",
+                &self.prefired,
             ),
             (
                 "kairos_orphans_released",

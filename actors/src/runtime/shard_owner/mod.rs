@@ -79,6 +79,9 @@ impl OwnerState {
 
     fn evaluate(&mut self, myself: &ActorRef<OwnerMsg>) {
         let now = self.ctx.now_ms();
+        if let Some(until) = self.window.prefire(now) {
+            self.prefire(myself, now, until);
+        }
         for action in self.window.decide(now) {
             match action {
                 OwnerAction::Fire { expected } => self.fire(myself, now, expected),
@@ -109,7 +112,11 @@ impl OwnerState {
         let pass = self.ctx.fire_gate.enter(now, !offer.is_empty());
         let (ctx, me) = (self.ctx.clone(), myself.clone());
         let (shard, epoch, batch) = (self.shard, self.epoch, self.batch);
+        let deliveries = self.ctx.fire_gate.wait_for_deliveries(now);
         tokio::spawn(async move {
+            if let Some(wait) = deliveries {
+                ctx.clock.sleep(wait).await;
+            }
             let lead = match pass {
                 Pass::Lead(tx) => Some(tx),
                 Pass::Follow(rx) => {
@@ -151,6 +158,46 @@ impl OwnerState {
             }
             let _ = me.send_message(OwnerMsg::Fired(r, now));
         });
+    }
+
+    /// Starts, for this node's waiting workers, executions whose timers fall due by `until`
+    /// (`ops::prefire`): committed now, handed over at their due time. Nothing to do when no
+    /// worker waits.
+    fn prefire(&mut self, myself: &ActorRef<OwnerMsg>, now: i64, until: i64) {
+        let want = self.window.due_by(until).min(self.ctx.config.fire_batch);
+        let reserved = self.ctx.matchmaker.offer(want);
+        if reserved.is_empty() {
+            self.window.prefired(&[]);
+            return;
+        }
+        let offer: Offer = reserved.iter().map(|(q, r)| (q.clone(), r.slots.clone())).collect();
+        let (ctx, me) = (self.ctx.clone(), myself.clone());
+        let (shard, epoch) = (self.shard, self.epoch);
+        tokio::spawn(async move {
+            let r = ctx.sched.prefire(shard, epoch, now, until, &offer).await;
+            if tracing::enabled!(tracing::Level::TRACE) {
+                let done = ctx.sched.clock().now().as_millis();
+                let started = r.as_ref().map_or(0, |o| o.matched.len());
+                tracing::trace!(shard, decided = now, until, done, started, "prefire");
+            }
+            effects::prefired(&ctx, shard, &r, reserved);
+            let _ = me.send_message(OwnerMsg::Prefired(r));
+        });
+    }
+
+    /// A pre-fire committed (or failed: the fires at the due times do the work): what it
+    /// started leaves the window, their lease checks are followed.
+    fn prefired(&mut self, r: Result<FireOutcome, Error>) {
+        let Ok(out) = r else {
+            self.window.prefired(&[]);
+            return;
+        };
+        let started: Vec<(i64, String)> =
+            out.fired.iter().map(|f| (f.fire_at_ms, f.execution_id.clone())).collect();
+        self.window.prefired(&started);
+        for t in out.fired.into_iter().filter_map(|f| f.next_timer) {
+            self.route(t);
+        }
     }
 
     /// Routes a timer: to its execution's timer actor if it has one, else to the window (the
@@ -274,7 +321,8 @@ impl Actor for ShardOwner {
         let first_batch = FIRST_FIRE_BATCH.min(c.fire_batch);
         let now = args.ctx.now_ms();
         let window =
-            Window::new(now, c.window_ms as i64, c.poll_interval_ms as i64, c.window_timers_max);
+            Window::new(now, c.window_ms as i64, c.poll_interval_ms as i64, c.window_timers_max)
+                .with_prefire(c.prefire_ms as i64);
         args.ctx.routes.set_owner(args.shard, myself.clone());
         args.ctx.metrics.shards_owned.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(shard = args.shard, epoch = args.epoch, "shard owner started");
@@ -323,6 +371,7 @@ impl Actor for ShardOwner {
                     return Ok(()); // stopping
                 }
             }
+            OwnerMsg::Prefired(r) => state.prefired(r),
             OwnerMsg::Loaded(r, until) => state.loaded(r, until),
             OwnerMsg::Room => state.window.poke(),
         }

@@ -52,6 +52,11 @@ pub struct Window {
     polling: bool,
     /// When the last poll was decided.
     last_poll: i64,
+    /// How far ahead of its timers a pre-fire may start executions (0: never).
+    prefire_ms: i64,
+    /// The end of the last pre-fire's look-ahead: timers up to it were offered to the waiting
+    /// workers once, and are left to their fire.
+    prefired_until: i64,
 }
 
 /// The pause after `failures` failures in a row: the poll interval, doubling, at most
@@ -81,6 +86,37 @@ impl Window {
             poked: false,
             polling: false,
             last_poll: i64::MIN,
+            prefire_ms: 0,
+            prefired_until: i64::MIN,
+        }
+    }
+
+    /// Pre-fires up to `ms` ahead of the timers ([`Window::prefire`]); 0: never.
+    pub fn with_prefire(mut self, ms: i64) -> Self {
+        self.prefire_ms = ms.max(0);
+        self
+    }
+
+    /// Whether to pre-fire now (when no fire runs and nothing is due yet, the next timer falls
+    /// within `prefire_ms` and was not offered before): the end of the look-ahead, the pre-fire
+    /// marked as in progress. Asked whether or not workers wait: a timer is looked at once.
+    pub fn prefire(&mut self, now: i64) -> Option<i64> {
+        let head = self.head()?;
+        let ahead = now.saturating_add(self.prefire_ms);
+        let wanted = self.prefire_ms > 0 && head > now && head <= ahead;
+        if !wanted || head <= self.prefired_until || self.firing || now < self.fire_not_before {
+            return None;
+        }
+        self.firing = true;
+        self.prefired_until = ahead;
+        Some(ahead)
+    }
+
+    /// A pre-fire ended (or was not needed): the timers it started leave the window.
+    pub fn prefired(&mut self, started: &[(i64, String)]) {
+        self.firing = false;
+        for t in started {
+            self.due.remove(t);
         }
     }
 
@@ -97,6 +133,11 @@ impl Window {
     /// Whether no timer is held.
     pub fn is_empty(&self) -> bool {
         self.due.is_empty()
+    }
+
+    /// Timers held due at or before `t`.
+    pub fn due_by(&self, t: i64) -> usize {
+        self.due.range(..(t.saturating_add(1), String::new())).count()
     }
 
     /// The earliest timer held.
@@ -211,6 +252,9 @@ impl Window {
         // A head already due is being fired: its completion re-evaluates.
         if let Some(h) = self.head().filter(|h| *h > now) {
             wake = wake.min(h.max(self.fire_not_before));
+            if self.prefire_ms > 0 && h > self.prefired_until && !self.firing {
+                wake = wake.min((h - self.prefire_ms).max(self.fire_not_before).max(now + 1));
+            }
         }
         if !self.loading {
             wake = wake.min(

@@ -147,6 +147,8 @@ impl Plan {
             poll_interval_ms: rng.between(100, 1_000.min(window_ms)),
             fire_batch: pick(&[1, 16, 256]) as usize,
             poll_wait_max_ms: 5_000,
+            // From a generator of its own: the seeds' other knobs stay what they were.
+            prefire_ms: [0, 5, 20, 200][Rng::seeded(seed ^ 0x7072_6566).below(4) as usize],
             ..NodeConfig::default()
         };
         let mut enabled = Vec::new();
@@ -334,7 +336,7 @@ impl Plan {
             s,
             "primary_region: {:?}; shard_count {}, bucket_width_ms {}, ready_partitions {}, \
              shard_lease_ms {}, max_clock_skew_ms {}, node_ttl_ms {}, window_ms {}, \
-             window_timers_max {}, poll_interval_ms {}, fire_batch {}",
+             window_timers_max {}, poll_interval_ms {}, fire_batch {}, prefire_ms {}",
             self.primary_region,
             c.shard_count,
             c.bucket_width_ms,
@@ -345,7 +347,8 @@ impl Plan {
             c.window_ms,
             c.window_timers_max,
             c.poll_interval_ms,
-            c.fire_batch
+            c.fire_batch,
+            c.prefire_ms
         );
         let _ = writeln!(
             s,

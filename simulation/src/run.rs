@@ -230,6 +230,9 @@ pub fn run_plan(plan: Plan) -> Outcome {
             m.clock_skew_suspected.load(Ordering::Relaxed);
         *h.reached.entry("actor restarted").or_default() +=
             m.actor_restarts.load(Ordering::Relaxed);
+        *h.reached
+            .entry("execution pre-fired (started ahead, handed over when due)")
+            .or_default() += m.prefired.load(Ordering::Relaxed);
     }
     *h.reached.entry("commit unknown result during region failover").or_default() +=
         store_gate.failover_unknown.load(Ordering::Relaxed);

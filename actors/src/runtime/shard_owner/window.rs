@@ -306,6 +306,35 @@ mod tests {
     }
 
     #[test]
+    fn prefires_each_timer_once_ahead_of_it_and_wakes_for_it() {
+        let mut w = w().with_prefire(20);
+        w.decide(1_000);
+        w.fired(1_000, false);
+        w.loaded(
+            vec![(1_500, "a".into()), (1_510, "b".into()), (1_700, "c".into())],
+            31_000,
+            false,
+        );
+        assert_eq!(w.decide(1_001), vec![OwnerAction::WakeAt(1_480)], "a look-ahead before it");
+        assert_eq!(w.prefire(1_479), None, "too early");
+        assert_eq!(w.prefire(1_480), Some(1_500));
+        assert_eq!(w.prefire(1_481), None, "one at a time");
+        assert!(!matches!(w.decide(1_481)[0], OwnerAction::Fire { .. }), "nor with a fire");
+        w.prefired(&[(1_500, "a".into())]);
+        assert_eq!(w.head(), Some(1_510), "what it started leaves the window");
+        // "b" is inside the look-ahead already offered: left to its fire, woken for at its time.
+        assert_eq!(w.prefire(1_490), Some(1_510), "beyond the last look-ahead: once more");
+        w.prefired(&[]);
+        assert_eq!(w.prefire(1_495), None, "offered once");
+        assert_eq!(w.decide(1_495), vec![OwnerAction::WakeAt(1_510)]);
+        assert_eq!(w.decide(1_510)[0], OwnerAction::Fire { expected: 1 }, "its fire takes it");
+        w.fired(1_510, false);
+        assert_eq!(w.prefire(1_510), None, "c is not within 20 ms");
+        assert!(w.decide(1_511).contains(&OwnerAction::WakeAt(1_680)));
+        assert_eq!(Window::new(0, 30_000, 1_000, 3).prefire(0), None, "off by default");
+    }
+
+    #[test]
     fn starts_by_firing_and_loading_the_window() {
         let mut w = w();
         let a = w.decide(1_000);

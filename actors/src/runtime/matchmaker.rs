@@ -23,6 +23,9 @@ struct Slot {
     /// A queue's dispatch buffer, not a worker: fire transactions may fill it (after the
     /// waiting workers), the dispatcher never serves it from itself.
     buffer: bool,
+    /// A long poll (answered once, soon): never offered to a pre-fire, whose executions are
+    /// handed over only when due — after the poll may have answered.
+    poll: bool,
 }
 
 #[derive(Debug, Default)]
@@ -86,8 +89,16 @@ impl Matchmaker {
             credits: 0,
             pending: 0,
             buffer: false,
+            poll: false,
         });
         s.credits = s.credits.saturating_add(credits);
+    }
+
+    /// Marks a slot as a long poll's (see `Slot::poll`).
+    pub fn mark_poll(&self, q: &QueueKey, slot: u64) {
+        if let Some(s) = self.lock().get_mut(q).and_then(|q| q.slots.get_mut(&slot)) {
+            s.poll = true;
+        }
     }
 
     /// Sets the room of `q`'s dispatch buffer slot (created unassigned on first use): fire
@@ -101,6 +112,7 @@ impl Matchmaker {
             credits: 0,
             pending: 0,
             buffer: true,
+            poll: false,
         });
         s.credits = room;
     }
@@ -166,19 +178,20 @@ impl Matchmaker {
     /// Takes up to `n` credits of `q`'s waiting workers, round robin over them, one grant per
     /// execution.
     pub fn take(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
-        self.take_of(q, n, false)
+        self.take_of(q, n, false, false)
     }
 
-    /// Takes credits of waiting workers first, then of the queue's dispatch buffer.
-    fn take_for_fire(&self, q: &QueueKey, n: usize) -> Vec<Grant> {
-        let mut g = self.take_of(q, n, false);
+    /// Takes credits of waiting workers first, then of the queue's dispatch buffer; only of
+    /// streams and buffers when `ahead` (for a pre-fire).
+    fn take_for_fire(&self, q: &QueueKey, n: usize, ahead: bool) -> Vec<Grant> {
+        let mut g = self.take_of(q, n, false, ahead);
         if g.len() < n {
-            g.extend(self.take_of(q, n - g.len(), true));
+            g.extend(self.take_of(q, n - g.len(), true, ahead));
         }
         g
     }
 
-    fn take_of(&self, q: &QueueKey, n: usize, buffer: bool) -> Vec<Grant> {
+    fn take_of(&self, q: &QueueKey, n: usize, buffer: bool, ahead: bool) -> Vec<Grant> {
         let mut m = self.lock();
         let Some(queue) = m.get_mut(q) else { return Vec::new() };
         let mut want = n.min(queue.room());
@@ -186,8 +199,8 @@ impl Matchmaker {
         if want == 0 || queue.slots.is_empty() {
             return grants;
         }
-        let ids: Vec<u64> =
-            queue.slots.iter().filter(|(_, s)| s.buffer == buffer).map(|(id, _)| *id).collect();
+        let ids = queue.slots.iter().filter(|(_, s)| s.buffer == buffer && !(ahead && s.poll));
+        let ids: Vec<u64> = ids.map(|(id, _)| *id).collect();
         if ids.is_empty() {
             return grants;
         }
@@ -341,13 +354,23 @@ impl Matchmaker {
     /// Reserves, before a fire transaction, up to `want` grants of every queue whose waiting
     /// workers (or dispatch buffer) hold credits: the fire's offer.
     pub fn offer(&self, want: usize) -> BTreeMap<QueueKey, Reserved> {
+        self.offer_of(want, false)
+    }
+
+    /// [`Matchmaker::offer`] for a pre-fire: of worker streams and dispatch buffers only (a long
+    /// poll may have answered by the time its executions are due).
+    pub fn offer_ahead(&self, want: usize) -> BTreeMap<QueueKey, Reserved> {
+        self.offer_of(want, true)
+    }
+
+    fn offer_of(&self, want: usize, ahead: bool) -> BTreeMap<QueueKey, Reserved> {
         if want == 0 {
             return BTreeMap::new();
         }
         self.hungry()
             .into_iter()
             .filter_map(|q| {
-                let grants = self.take_for_fire(&q, want);
+                let grants = self.take_for_fire(&q, want, ahead);
                 (!grants.is_empty()).then(|| (q, Reserved::of(grants)))
             })
             .collect()
@@ -389,6 +412,20 @@ mod tests {
         assert_eq!(offer[&other].grants.len(), 1);
         assert_eq!(m.available(&q()), 2, "reserved until settled");
         assert!(m.offer(0).is_empty());
+    }
+
+    #[test]
+    fn a_prefire_is_offered_streams_and_buffers_never_long_polls() {
+        let m = Matchmaker::default();
+        m.add(&q(), 1, "poller", None, 4);
+        m.mark_poll(&q(), 1);
+        assert!(m.offer_ahead(3).is_empty(), "a long poll only");
+        m.add(&q(), 2, "streamer", None, 2);
+        m.set_buffer_room(&q(), 3, 2);
+        let ahead = m.offer_ahead(10);
+        let ids: Vec<u64> = ahead[&q()].grants.iter().map(|g| g.slot).collect();
+        assert_eq!(ids, [2, 2, 3, 3], "the stream, then the buffer");
+        assert_eq!(m.offer(10)[&q()].grants.len(), 4, "a fire takes the poll's too");
     }
 
     fn q() -> QueueKey {

@@ -18,6 +18,7 @@ impl Apply<'_> {
         debug_assert!(!self.core.polls.contains_key(&w.id), "a poll's id is new");
         let wait = wait_ms.min(self.core.poll_wait_max_ms);
         self.ledger.add(&w.queue, w.id, &w.worker_id, w.lease_ms, w.credits);
+        self.ledger.mark_poll(&w.queue, w.id);
         let poll =
             Poll { queue: w.queue.clone(), max: w.credits, got: Vec::new(), lingering: false };
         self.core.polls.insert(w.id, poll);

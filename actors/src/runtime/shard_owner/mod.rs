@@ -165,7 +165,7 @@ impl OwnerState {
     /// worker waits.
     fn prefire(&mut self, myself: &ActorRef<OwnerMsg>, now: i64, until: i64) {
         let want = self.window.due_by(until).min(self.ctx.config.fire_batch);
-        let reserved = self.ctx.matchmaker.offer(want);
+        let reserved = self.ctx.matchmaker.offer_ahead(want);
         if reserved.is_empty() {
             self.window.prefired(&[]);
             return;

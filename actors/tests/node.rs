@@ -392,6 +392,55 @@ async fn a_stream_opened_with_no_free_slots_gets_ready_work_once_it_frees_one() 
     node.stop().await;
 }
 
+/// Pre-fires: a worker stream with free slots gets each execution at its `execute_at` — never
+/// before — though it was started ahead (`prefire_ms`), its attempt recorded as started then.
+#[tokio::test(start_paused = true)]
+async fn executions_pre_fired_for_a_stream_reach_it_when_due_never_before() {
+    let c = cluster();
+    let node = c.node("a").await;
+    wait_for("all shards owned", || node.owned_shards().len() == SHARDS as usize).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let session = node
+        .open_stream(WorkerStream {
+            namespace: NS.into(),
+            queue: "job".into(),
+            worker_id: "w".into(),
+            lease_ms: None,
+            credits: 4,
+            tasks: tx,
+        })
+        .await
+        .unwrap();
+    let t0 = c.now();
+    let mut due = BTreeMap::new();
+    for i in 0..20 {
+        let at = t0 + 1_000 + i * 137;
+        due.insert(node.submit(submit_at(at, i)).await.unwrap().execution.id, at);
+    }
+    let mut seen = 0;
+    while seen < due.len() {
+        let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("work keeps coming")
+            .expect("the stream is open");
+        let now = c.now();
+        for t in got {
+            let at = due[&t.execution.id];
+            assert!(now >= at, "{} reached its worker {} ms early", t.execution.id, at - now);
+            assert!(now - at <= 5, "{} reached its worker {} ms late", t.execution.id, now - at);
+            assert_eq!(t.attempt.started_at_ms, at, "recorded as started when due");
+            let token = t.attempt.fencing_token;
+            node.complete(NS, &t.execution.id, token, Vec::new(), String::new()).await.unwrap();
+            node.stream_credits(session, 1);
+            seen += 1;
+        }
+    }
+    let prefired = node.metrics().prefired.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(prefired, due.len() as u64, "every one started ahead of its time");
+    node.close_stream(session);
+    node.stop().await;
+}
+
 /// Issue 21, step 3: a burst due at one instant, one worker stream with 8 slots. A node alone
 /// holds what its worker cannot take yet and starts it at a later fire when the worker returns
 /// credits: every execution starts at its fire (no READY write, no claim), once, in due order

@@ -205,3 +205,35 @@ async fn a_matched_fire_applied_under_an_unknown_result_returns_the_same_matches
     assert_eq!((e.status(), e.attempt_count), (ExecutionStatus::Running, 1), "fired once");
     w.check_invariants().await;
 }
+
+/// The same for a pre-fire: its retry after an applied commit that came back unknown-result
+/// hands out what the committed try started (from its receipt), and starts nothing twice.
+#[tokio::test]
+async fn a_prefire_applied_under_an_unknown_result_returns_the_same_matches() {
+    use kairos_layer::ops::claim::ClaimSlot;
+    use kairos_layer::ops::fire::Offer;
+    let w = world(48, FaultConfig::none()).await;
+    let id = w.sched.submit(request(None, T0 + 10)).await.unwrap().execution.id;
+    let shard = w.sched.get(NS, &id).await.unwrap().shard;
+    let armed = Arc::new(AtomicBool::new(false));
+    let hook = Arc::new(Mutex::new(None));
+    let store = Unknown { inner: w.store.clone(), armed: armed.clone(), hook };
+    let clock: SharedClock = Arc::new(w.clock.clone());
+    let db = Database::new(Arc::new(store), clock.clone(), Rng::seeded(95));
+    let flaky = Scheduler::open(db, w.ks.clone(), clock, Rng::seeded(94), w.params)
+        .await
+        .expect("a second handle opens");
+    armed.store(true, Ordering::SeqCst);
+    let mut offer = Offer::new();
+    let slots = vec![ClaimSlot { worker_id: "w1".into(), max: 1, lease_ms: None }];
+    offer.insert((NS.into(), "report".into()), slots);
+    let (now, epoch) = (w.now_ms(), w.epochs[shard as usize]);
+    let out = flaky.prefire(shard, epoch, now, now + 20, &offer).await.expect("it took effect");
+    assert_eq!(out.matched.len(), 1, "the committed try's start, from the receipt");
+    assert_eq!((out.matched[0].claim.execution.id.as_str(), out.matched[0].slot), (id.as_str(), 0));
+    let e = w.sched.get(NS, &id).await.unwrap();
+    assert_eq!((e.status(), e.attempt_count), (ExecutionStatus::Running, 1), "started once");
+    assert_eq!(e.started_at_ms, T0 + 10);
+    assert!(!armed.load(Ordering::SeqCst), "the commit came back unknown-result");
+    w.check_invariants().await;
+}

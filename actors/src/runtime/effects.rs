@@ -184,19 +184,7 @@ pub(crate) fn fired(
     out: &ops::Result<FireOutcome>,
     offer: BTreeMap<QueueKey, Reserved>,
 ) {
-    let Ok(out) = out else {
-        for (q, r) in offer {
-            ctx.matchmaker.give_back(&q, r.grants);
-        }
-        return;
-    };
-    let now = ctx.now_ms();
-    for f in &out.fired {
-        count_fired(ctx, f, now);
-    }
-    ctx.metrics.quarantined.fetch_add(out.quarantined as u64, Ordering::Relaxed);
-    deliver_matched(ctx, shard, out, offer, false);
-    hint_ready(ctx, &out.fired);
+    settle(ctx, shard, out, offer, false);
 }
 
 /// What a pre-fire did (`ops::prefire`): as [`fired`], but the executions it started reach the
@@ -207,15 +195,35 @@ pub(crate) fn prefired(
     out: &ops::Result<FireOutcome>,
     offer: BTreeMap<QueueKey, Reserved>,
 ) {
+    settle(ctx, shard, out, offer, true);
+}
+
+fn settle(
+    ctx: &Ctx,
+    shard: u32,
+    out: &ops::Result<FireOutcome>,
+    offer: BTreeMap<QueueKey, Reserved>,
+    ahead: bool,
+) {
     let Ok(out) = out else {
         for (q, r) in offer {
             ctx.matchmaker.give_back(&q, r.grants);
         }
         return;
     };
-    ctx.metrics.timers_fired.fetch_add(out.fired.len() as u64, Ordering::Relaxed);
-    ctx.metrics.prefired.fetch_add(out.matched.len() as u64, Ordering::Relaxed);
-    deliver_matched(ctx, shard, out, offer, true);
+    if ahead {
+        // Started, not yet due: no lateness to count.
+        ctx.metrics.timers_fired.fetch_add(out.fired.len() as u64, Ordering::Relaxed);
+        ctx.metrics.prefired.fetch_add(out.matched.len() as u64, Ordering::Relaxed);
+    } else {
+        let now = ctx.now_ms();
+        for f in &out.fired {
+            count_fired(ctx, f, now);
+        }
+        ctx.metrics.quarantined.fetch_add(out.quarantined as u64, Ordering::Relaxed);
+    }
+    deliver_matched(ctx, shard, out, offer, ahead);
+    hint_ready(ctx, &out.fired);
 }
 
 /// Room appeared for held executions (a worker's credits, a drained dispatch buffer, or what a

@@ -146,13 +146,7 @@ impl Scheduler {
         self.db
             .run(|tx| async move {
                 if let Some(v) = tx.get(receipt).await? {
-                    let matched = load_receipt(&tx, self, &v).await?;
-                    let matched = matched.into_iter().map(|(claim, slot)| Match { claim, slot });
-                    return Ok(FireOutcome {
-                        matched: matched.collect(),
-                        more: true,
-                        ..FireOutcome::default()
-                    });
+                    return replayed(&tx, self, &v, true).await;
                 }
                 let (owner, wm) = futures_util::future::try_join(
                     check_epoch(&tx, self, Space::Executions, shard, epoch),
@@ -666,6 +660,19 @@ fn within_budget(
         kept.push(step);
     }
     Ok(kept)
+}
+
+/// The outcome of a fire (or pre-fire) retried after an unknown commit result that finds its
+/// receipt: what the committed try started (`more`: call again for the rest).
+pub(super) async fn replayed(
+    tx: &Transaction,
+    sched: &Scheduler,
+    receipt: &[u8],
+    more: bool,
+) -> Result<FireOutcome> {
+    let matched = load_receipt(tx, sched, receipt).await?;
+    let matched = matched.into_iter().map(|(claim, slot)| Match { claim, slot }).collect();
+    Ok(FireOutcome { matched, more, ..FireOutcome::default() })
 }
 
 /// The event a DUE or RETRY timer applies.

@@ -18,9 +18,9 @@ use kairos_proto::storage::v1::{Execution, TimerKind};
 
 use super::Scheduler;
 use super::budget;
-use super::claim::{Claimed, Receipt, SlotFiller, load_receipt};
+use super::claim::{Claimed, Receipt, SlotFiller};
 use super::error::Result;
-use super::fire::{FireOutcome, Match, Offer, Step, fire_event, fired};
+use super::fire::{FireOutcome, Match, Offer, Step, fire_event, fired, replayed};
 use super::leases::check_epoch;
 use super::records::watermark;
 use crate::ids::bucket_of;
@@ -58,10 +58,7 @@ impl Scheduler {
         self.db
             .run(|tx| async move {
                 if let Some(v) = tx.get(receipt).await? {
-                    // A retry after an unknown commit result: what the committed try started.
-                    let matched = load_receipt(&tx, self, &v).await?;
-                    let matched = matched.into_iter().map(|(claim, slot)| Match { claim, slot });
-                    return Ok(FireOutcome { matched: matched.collect(), ..Default::default() });
+                    return replayed(&tx, self, &v, false).await;
                 }
                 let (owner, wm) = futures_util::future::try_join(
                     check_epoch(&tx, self, Space::Executions, shard, epoch),

@@ -104,6 +104,23 @@ impl KvTransaction for UnknownTxn {
     }
 }
 
+/// A second scheduler on `w`'s store whose commits apply; once `armed`, the next one also runs
+/// `hook` and reports unknown-result.
+async fn flaky_handle(
+    w: &World,
+    seed: u64,
+) -> (Scheduler, Arc<AtomicBool>, Arc<Mutex<Option<Hook>>>) {
+    let armed = Arc::new(AtomicBool::new(false));
+    let hook = Arc::new(Mutex::new(None));
+    let store = Unknown { inner: w.store.clone(), armed: armed.clone(), hook: hook.clone() };
+    let clock: SharedClock = Arc::new(w.clock.clone());
+    let db = Database::new(Arc::new(store), clock.clone(), Rng::seeded(seed));
+    let flaky = Scheduler::open(db, w.ks.clone(), clock, Rng::seeded(seed + 1), w.params)
+        .await
+        .expect("a second handle opens");
+    (flaky, armed, hook)
+}
+
 /// A FAILED execution of `w`, and a second scheduler on the same store whose next commit
 /// (once armed) applies, runs the hook, and reports unknown-result.
 async fn failed_and_a_flaky_handle(
@@ -115,14 +132,7 @@ async fn failed_and_a_flaky_handle(
     let error = ExecutionError { message: "no".into(), retryable: false, code: String::new() };
     w.sched.fail(NS, &id, c[0].attempt.fencing_token, error).await.unwrap();
     assert_eq!(w.sched.get(NS, &id).await.unwrap().status(), ExecutionStatus::Failed);
-    let armed = Arc::new(AtomicBool::new(false));
-    let hook = Arc::new(Mutex::new(None));
-    let store = Unknown { inner: w.store.clone(), armed: armed.clone(), hook: hook.clone() };
-    let clock: SharedClock = Arc::new(w.clock.clone());
-    let db = Database::new(Arc::new(store), clock.clone(), Rng::seeded(99));
-    let flaky = Scheduler::open(db, w.ks.clone(), clock, Rng::seeded(98), w.params)
-        .await
-        .expect("a second handle opens");
+    let (flaky, armed, hook) = flaky_handle(w, 98).await;
     (id, flaky, armed, hook)
 }
 
@@ -184,14 +194,7 @@ async fn a_matched_fire_applied_under_an_unknown_result_returns_the_same_matches
     let w = world(47, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0)).await.unwrap().execution.id;
     let shard = w.sched.get(NS, &id).await.unwrap().shard;
-    let armed = Arc::new(AtomicBool::new(true));
-    let hook = Arc::new(Mutex::new(None));
-    let store = Unknown { inner: w.store.clone(), armed: armed.clone(), hook };
-    let clock: SharedClock = Arc::new(w.clock.clone());
-    let db = Database::new(Arc::new(store), clock.clone(), Rng::seeded(97));
-    let flaky = Scheduler::open(db, w.ks.clone(), clock, Rng::seeded(96), w.params)
-        .await
-        .expect("a second handle opens");
+    let (flaky, armed, _) = flaky_handle(&w, 96).await;
     armed.store(true, Ordering::SeqCst);
     let mut offer = Offer::new();
     let slots = vec![ClaimSlot { worker_id: "w1".into(), max: 1, lease_ms: None }];
@@ -215,14 +218,7 @@ async fn a_prefire_applied_under_an_unknown_result_returns_the_same_matches() {
     let w = world(48, FaultConfig::none()).await;
     let id = w.sched.submit(request(None, T0 + 10)).await.unwrap().execution.id;
     let shard = w.sched.get(NS, &id).await.unwrap().shard;
-    let armed = Arc::new(AtomicBool::new(false));
-    let hook = Arc::new(Mutex::new(None));
-    let store = Unknown { inner: w.store.clone(), armed: armed.clone(), hook };
-    let clock: SharedClock = Arc::new(w.clock.clone());
-    let db = Database::new(Arc::new(store), clock.clone(), Rng::seeded(95));
-    let flaky = Scheduler::open(db, w.ks.clone(), clock, Rng::seeded(94), w.params)
-        .await
-        .expect("a second handle opens");
+    let (flaky, armed, _) = flaky_handle(&w, 94).await;
     armed.store(true, Ordering::SeqCst);
     let mut offer = Offer::new();
     let slots = vec![ClaimSlot { worker_id: "w1".into(), max: 1, lease_ms: None }];

@@ -30,7 +30,7 @@ pub const LEAD_WAIT_MS: u64 = 5;
 /// How long a fire still waits once the lead fire is done (its deliveries go first).
 pub const AFTER_LEAD_MS: u64 = 2;
 /// How long after a pre-fired hand-over a fire waits (S2 100,000 at once: first start 2.8–4.3 ms
-/// in seven runs with 6, 2.2–7.2 ms with 2).
+/// in seven runs with 6, 2.2–9.2 ms in twelve with 2).
 pub const AFTER_DELIVERY_MS: u64 = 6;
 
 /// See the module docs.

@@ -188,14 +188,11 @@ impl OwnerState {
     /// A pre-fire committed (or failed: the fires at the due times do the work): what it
     /// started leaves the window, their lease checks are followed.
     fn prefired(&mut self, r: Result<FireOutcome, Error>) {
-        let Ok(out) = r else {
-            self.window.prefired(&[]);
-            return;
-        };
+        let fired = r.map(|out| out.fired).unwrap_or_default();
         let started: Vec<(i64, String)> =
-            out.fired.iter().map(|f| (f.fire_at_ms, f.execution_id.clone())).collect();
+            fired.iter().map(|f| (f.fire_at_ms, f.execution_id.clone())).collect();
         self.window.prefired(&started);
-        for t in out.fired.into_iter().filter_map(|f| f.next_timer) {
+        for t in fired.into_iter().filter_map(|f| f.next_timer) {
             self.route(t);
         }
     }

@@ -1,0 +1,55 @@
+"""Builds kairos-sdk, generating the gRPC stubs from the repository's proto/ (none are committed).
+
+The stubs land in the built package as ``kairos/v1/api_pb2.py``, ``api_pb2.pyi`` and
+``api_pb2_grpc.py`` (the proto's package is ``kairos.v1``, so the generated imports resolve
+inside this package).
+"""
+
+import os
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+# The repository's proto/ (pip install ./sdk/python), or a copy next to setup.py.
+CANDIDATES = [HERE.parent.parent / "proto", HERE / "proto"]
+
+
+def proto_root() -> Path:
+    for c in CANDIDATES:
+        if (c / "kairos" / "v1" / "api.proto").is_file():
+            return c
+    raise SystemExit(
+        "kairos-sdk: cannot find kairos/v1/api.proto in "
+        + " or ".join(str(c) for c in CANDIDATES)
+        + ": build from the Kairos repository (pip install ./sdk/python)"
+    )
+
+
+class BuildWithStubs(build_py):
+    def run(self) -> None:
+        super().run()
+        from grpc_tools import protoc  # a build requirement (pyproject.toml)
+
+        root = proto_root()
+        out = Path(self.build_lib)
+        (out / "kairos" / "v1").mkdir(parents=True, exist_ok=True)
+        include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+        args = [
+            "grpc_tools.protoc",
+            f"-I{root}",
+            f"-I{include}",
+            f"--python_out={out}",
+            f"--pyi_out={out}",
+            f"--grpc_python_out={out}",
+            str(root / "kairos" / "v1" / "api.proto"),
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit("kairos-sdk: grpc_tools.protoc failed on " + str(root))
+        (out / "kairos" / "v1" / "__init__.py").write_text(
+            '"""Generated from proto/kairos/v1/api.proto at build time."""\n'
+        )
+
+
+setup(cmdclass={"build_py": BuildWithStubs})

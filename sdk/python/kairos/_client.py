@@ -9,18 +9,21 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 import grpc.aio
 
 from kairos.v1 import api_pb2 as pb
-from kairos.v1 import api_pb2_grpc as rpc
+from kairos.v1 import api_pb2_grpc
 
 from ._errors import KairosError, LimitError
 from ._limits import INPUTS_BYTES_MAX, LIST_PAGE_MAX, RECEIVE_BYTES_MAX, SUBMIT_BATCH_MAX
 
 T = TypeVar("T")
+
+# The generated service stubs carry no type hints.
+rpc: Any = api_pb2_grpc
 
 #: When: an absolute time (aware datetime, or ms since the epoch as int).
 When = Union[_dt.datetime, int]
@@ -193,7 +196,7 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        await self.channel.close()
+        await self.channel.close(None)
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any, timeout: Optional[float] = None) -> T:
         try:
@@ -233,10 +236,10 @@ class Client:
                 await asyncio.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    async def submit_many(self, submissions: Sequence[Submission]) -> list[Union[pb.SubmitResponse, KairosError]]:
+    async def submit_many(self, submissions: Sequence[Submission]) -> List[Union[pb.SubmitResponse, KairosError]]:
         """Submits many executions, 1,000 per ``SubmitBatch`` call; one result per submission, in
         order: its reply, or the :class:`KairosError` that item failed with."""
-        out: list[Union[pb.SubmitResponse, KairosError]] = []
+        out: List[Union[pb.SubmitResponse, KairosError]] = []
         requests = [s.request(self.namespace) for s in submissions]
         for i in range(0, len(requests), SUBMIT_BATCH_MAX):
             batch = pb.SubmitBatchRequest(requests=requests[i : i + SUBMIT_BATCH_MAX])
@@ -272,7 +275,7 @@ class Client:
     async def list(
         self,
         *,
-        status: int = pb.EXECUTION_STATUS_UNSPECIFIED,
+        status: "pb.ExecutionStatus | str" = pb.EXECUTION_STATUS_UNSPECIFIED,
         definition: str = "",
         from_: Optional[When] = None,
         to: Optional[When] = None,
@@ -333,10 +336,10 @@ class Client:
         reply: pb.DefinitionResponse = await self._call(self.definitions.Get, req)
         return reply.definition
 
-    async def list_definitions(self, *, namespace: Optional[str] = None) -> list[pb.Definition]:
+    async def list_definitions(self, *, namespace: Optional[str] = None) -> List[pb.Definition]:
         req = pb.ListDefinitionsRequest(namespace=namespace or self.namespace)
         reply: pb.ListDefinitionsResponse = await self._call(self.definitions.List, req)
-        return list(reply.definitions)
+        return [*reply.definitions]
 
     # ---- cron ------------------------------------------------------------------------------
 
@@ -422,7 +425,7 @@ class Client:
         limit: int = 10,
         dst_gap: str = "",
         dst_fold: str = "",
-    ) -> list[pb.Occurrence]:
+    ) -> List[pb.Occurrence]:
         """The occurrences of ``expression`` in [from_, until) (default: the next day)."""
         now = int(_dt.datetime.now(_dt.timezone.utc).timestamp() * 1000)
         start = _ms(from_, "from") if from_ is not None else now
@@ -436,7 +439,7 @@ class Client:
             limit=limit,
         )
         reply: pb.PreviewResponse = await self._call(self.cron.Preview, req)
-        return list(reply.occurrences)
+        return [*reply.occurrences]
 
     async def backfill_cron(
         self, cron_job_id: str, from_: When, until: When, *, overlap: str = "", namespace: Optional[str] = None
@@ -470,9 +473,9 @@ class Client:
         reply: pb.CreateApiKeyResponse = await self._call(self.admin.CreateApiKey, req)
         return reply.key, reply.token
 
-    async def list_api_keys(self, *, namespace: str = "") -> list[pb.ApiKey]:
+    async def list_api_keys(self, *, namespace: str = "") -> List[pb.ApiKey]:
         reply: pb.ListApiKeysResponse = await self._call(self.admin.ListApiKeys, pb.ListApiKeysRequest(namespace=namespace))
-        return list(reply.keys)
+        return [*reply.keys]
 
     async def revoke_api_key(self, key_id: str) -> pb.ApiKey:
         reply: pb.ApiKeyResponse = await self._call(self.admin.RevokeApiKey, pb.RevokeApiKeyRequest(id=key_id))
@@ -484,11 +487,11 @@ class Client:
     async def limits(self, *, namespace: Optional[str] = None) -> pb.LimitsResponse:
         return await self._call(self.admin.Limits, pb.LimitsRequest(namespace=namespace or self.namespace))
 
-    async def audit_log(self, *, limit: int = 100, namespace: Optional[str] = None) -> list[pb.AuditEntry]:
+    async def audit_log(self, *, limit: int = 100, namespace: Optional[str] = None) -> List[pb.AuditEntry]:
         reply: pb.AuditLogResponse = await self._call(
             self.admin.AuditLog, pb.AuditLogRequest(namespace=namespace or self.namespace, limit=limit)
         )
-        return list(reply.entries)
+        return [*reply.entries]
 
     async def stats(self, *, namespace: str = "") -> Mapping[str, int]:
         reply: pb.StatsResponse = await self._call(self.admin.Stats, pb.StatsRequest(namespace=namespace))

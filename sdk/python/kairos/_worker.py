@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import json
 import logging
@@ -28,7 +29,9 @@ log = logging.getLogger("kairos.worker")
 
 HEARTBEAT_TICK = 0.1
 SHUTDOWN_ACK_WAIT = 10.0
-_FENCED = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+_FENCED: int = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+# The end of a stream's messages (not in grpc's type stubs).
+_EOF: Any = getattr(grpc.aio, "EOF")
 _FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
@@ -263,6 +266,10 @@ class Worker:
                     if e.code() in _FATAL:
                         raise KairosError.from_rpc(e) from None
                     log.info("kairos worker %s: stream broke (%s: %s); reconnecting", self.worker_id, e.code().name, e.details())
+                except KairosError as e:
+                    if e.code in _FATAL:
+                        raise
+                    log.info("kairos worker %s: stream ended (%s); reconnecting", self.worker_id, e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
         finally:
@@ -306,7 +313,7 @@ class Worker:
         try:
             while True:
                 m = await call.read()
-                if m is grpc.aio.EOF:
+                if m is _EOF:
                     break
                 self._on_response(m)
             # The node ended the stream. Clean when we half-closed it after draining.
@@ -314,7 +321,7 @@ class Worker:
                 return True
             code = await call.code()
             if code in _FATAL:
-                raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), await call.details())
+                raise KairosError(code, await call.details())
             return False
         finally:
             self._out = None
@@ -425,14 +432,14 @@ class Worker:
             self._finish(r, _failure(f"no handler for definition {task.definition!r} on worker {self.worker_id}", False, "no-handler"))
             return
         if spec.is_async:
-            fut: asyncio.Future[Any] = asyncio.ensure_future(spec.fn(task))  # type: ignore[arg-type]
+            fut: asyncio.Future[Any] = asyncio.ensure_future(spec.fn(task))
         else:
             assert self._pool is not None
             fut = loop.run_in_executor(self._pool, spec.fn, task)
         r.future = fut
         if spec.timeout is not None:
             r.timer = loop.call_later(spec.timeout, self._time_out, r)
-        fut.add_done_callback(lambda f, r=r: self._on_done(r, f))
+        fut.add_done_callback(functools.partial(self._on_done, r))
 
     def _time_out(self, r: _Running) -> None:
         r.timed_out = True
@@ -444,6 +451,7 @@ class Worker:
         if r.timer is not None:
             r.timer.cancel()
         spec = self._spec(r.task)
+        outcome: Union[pb.Success, pb.ExecutionError]
         if r.timed_out:
             timeout = spec.timeout if spec else None
             outcome = _failure(f"the handler took longer than its time-out of {timeout} s", True, "timeout")
@@ -488,22 +496,22 @@ class Worker:
         self._poke()
 
 
-def _success(value: Any) -> pb.Success:
+def _success(value: Any) -> Union[pb.Success, pb.ExecutionError]:
     if value is None:
         return pb.Success()
     try:
         text = json.dumps(value, separators=(",", ":"))
     except (TypeError, ValueError) as e:
-        return _failure(f"output: not JSON-serializable: {e}", False, "output")  # type: ignore[return-value]
+        return _failure(f"output: not JSON-serializable: {e}", False, "output")
     size = len(text.encode())
     if size > OUTPUT_BYTES_MAX:
-        return _failure(  # type: ignore[return-value]
+        return _failure(
             f"output: {size} bytes of JSON; at most {OUTPUT_BYTES_MAX} are accepted", False, "output-too-large"
         )
     return pb.Success(output_json=text)
 
 
-def _failure(message: str, retryable: bool, code: str) -> pb.ExecutionError:  # type: ignore[misc]
+def _failure(message: str, retryable: bool, code: str) -> pb.ExecutionError:
     raw = message.encode()
     if len(raw) > ERROR_MESSAGE_BYTES_MAX:
         message = raw[: ERROR_MESSAGE_BYTES_MAX - 3].decode(errors="ignore") + "..."

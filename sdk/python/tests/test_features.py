@@ -278,7 +278,16 @@ def test_backfill_and_trigger(dev_target: Target) -> None:
                 await asyncio.sleep(0.1)
             t = await c.trigger_cron(job, overlap="allow")
             assert t.idempotency_key.startswith(f"cron:{job}:")
-            assert (await c.get_by_key(t.idempotency_key)).execution.cron_job_id == job
+            # Materialized through the cron service's outbox: shortly after the reply.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    made = (await c.get_by_key(t.idempotency_key)).execution
+                    break
+                except kairos.KairosError as e:
+                    assert e.code == grpc.StatusCode.NOT_FOUND and time.monotonic() < deadline, e
+                    await asyncio.sleep(0.1)
+            assert made.cron_job_id == job and made.cron_occurrence_ms == t.occurrence_ms
             assert any(j.cron_job_id == job for j in (await c.list_cron()).cron_jobs)
 
     run(body)

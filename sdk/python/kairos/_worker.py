@@ -28,6 +28,7 @@ from ._limits import ERROR_MESSAGE_BYTES_MAX, MESSAGE_ITEMS_MAX, OUTPUT_BYTES_MA
 log = logging.getLogger("kairos.worker")
 
 HEARTBEAT_TICK = 0.1
+_EMPTY_SUCCESS = pb.Success()
 SHUTDOWN_ACK_WAIT = 10.0
 _FENCED: int = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 # The end of a stream's messages (not in grpc's type stubs).
@@ -337,7 +338,25 @@ class Worker:
                 if m is None:
                     await call.done_writing()
                     return
+                # What queued up during the last write goes in this one message (within the
+                # node's limits): fewer, larger writes when the stream is busy.
+                end = False
+                while not out.empty():
+                    n = out.get_nowait()
+                    if n is None:
+                        end = True
+                        break
+                    if not _fits(m, n):
+                        await call.write(m)
+                        m = n
+                        continue
+                    credits = m.credits + n.credits
+                    m.MergeFrom(n)
+                    m.credits = credits
                 await call.write(m)
+                if end:
+                    await call.done_writing()
+                    return
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             call.cancel()
 
@@ -432,14 +451,46 @@ class Worker:
             self._finish(r, _failure(f"no handler for definition {task.definition!r} on worker {self.worker_id}", False, "no-handler"))
             return
         if spec.is_async:
-            fut: asyncio.Future[Any] = asyncio.ensure_future(spec.fn(task))
+            # One asyncio task per attempt, which reports by itself (no done-callback hop).
+            r.future = loop.create_task(self._run_async(r, spec))
         else:
             assert self._pool is not None
             fut = loop.run_in_executor(self._pool, spec.fn, task)
-        r.future = fut
+            r.future = fut
+            fut.add_done_callback(functools.partial(self._on_blocking_done, r, spec))
         if spec.timeout is not None:
             r.timer = loop.call_later(spec.timeout, self._time_out, r)
-        fut.add_done_callback(functools.partial(self._on_done, r))
+
+    async def _run_async(self, r: _Running, spec: _HandlerSpec) -> None:
+        outcome: Union[pb.Success, pb.ExecutionError]
+        try:
+            value = await spec.fn(r.task)
+        except asyncio.CancelledError:
+            outcome = self._cancelled_outcome(r, spec)
+        except BaseException as e:  # noqa: BLE001 - every failure of a handler is reported
+            outcome = _outcome_of(e)
+        else:
+            outcome = _success(value)
+        if r.timer is not None:
+            r.timer.cancel()
+        self._finish(r, outcome)
+
+    def _on_blocking_done(self, r: _Running, spec: _HandlerSpec, f: "asyncio.Future[Any]") -> None:
+        if r.timer is not None:
+            r.timer.cancel()
+        outcome: Union[pb.Success, pb.ExecutionError]
+        if r.timed_out or f.cancelled():
+            outcome = self._cancelled_outcome(r, spec)
+        else:
+            e = f.exception()
+            outcome = _success(f.result()) if e is None else _outcome_of(e)
+        self._finish(r, outcome)
+
+    @staticmethod
+    def _cancelled_outcome(r: _Running, spec: _HandlerSpec) -> pb.ExecutionError:
+        if r.timed_out:
+            return _failure(f"the handler took longer than its time-out of {spec.timeout} s", True, "timeout")
+        return _failure("cancelled", False, "cancelled")
 
     def _time_out(self, r: _Running) -> None:
         r.timed_out = True
@@ -447,31 +498,13 @@ class Worker:
         if r.future is not None and not r.future.done():
             r.future.cancel()
 
-    def _on_done(self, r: _Running, f: "asyncio.Future[Any]") -> None:
-        if r.timer is not None:
-            r.timer.cancel()
-        spec = self._spec(r.task)
-        outcome: Union[pb.Success, pb.ExecutionError]
-        if r.timed_out:
-            timeout = spec.timeout if spec else None
-            outcome = _failure(f"the handler took longer than its time-out of {timeout} s", True, "timeout")
-        elif f.cancelled():
-            outcome = _failure("cancelled", False, "cancelled")
-        else:
-            e = f.exception()
-            if e is None:
-                outcome = _success(f.result())
-            elif isinstance(e, asyncio.CancelledError):
-                outcome = _failure("cancelled", False, "cancelled")
-            elif isinstance(e, TaskFailure):
-                outcome = _failure(e.message, e.retryable, e.code)
-            else:
-                outcome = _failure(f"{type(e).__name__}: {e}", True, "exception")
-        self._finish(r, outcome)
-
     def _finish(self, r: _Running, outcome: Union[pb.Success, pb.ExecutionError]) -> None:
         t = r.task.raw
-        if isinstance(outcome, pb.Success):
+        if outcome is _EMPTY_SUCCESS:
+            result = pb.TaskResult(execution_id=t.execution_id, fencing_token=t.fencing_token, success=_EMPTY_SUCCESS)
+            if t.namespace:
+                result.namespace = t.namespace
+        elif isinstance(outcome, pb.Success):
             result = pb.TaskResult(execution_id=t.execution_id, fencing_token=t.fencing_token, success=outcome, namespace=t.namespace)
         else:
             result = pb.TaskResult(execution_id=t.execution_id, fencing_token=t.fencing_token, failure=outcome, namespace=t.namespace)
@@ -496,9 +529,17 @@ class Worker:
         self._poke()
 
 
+def _outcome_of(e: BaseException) -> pb.ExecutionError:
+    if isinstance(e, TaskFailure):
+        return _failure(e.message, e.retryable, e.code)
+    if isinstance(e, asyncio.CancelledError):
+        return _failure("cancelled", False, "cancelled")
+    return _failure(f"{type(e).__name__}: {e}", True, "exception")
+
+
 def _success(value: Any) -> Union[pb.Success, pb.ExecutionError]:
     if value is None:
-        return pb.Success()
+        return _EMPTY_SUCCESS
     try:
         text = json.dumps(value, separators=(",", ":"))
     except (TypeError, ValueError) as e:
@@ -516,6 +557,16 @@ def _failure(message: str, retryable: bool, code: str) -> pb.ExecutionError:
     if len(raw) > ERROR_MESSAGE_BYTES_MAX:
         message = raw[: ERROR_MESSAGE_BYTES_MAX - 3].decode(errors="ignore") + "..."
     return pb.ExecutionError(message=message, retryable=retryable, code=code)
+
+
+def _fits(m: pb.WorkRequest, n: pb.WorkRequest) -> bool:
+    """Whether ``n`` may join ``m`` in one message."""
+    return (
+        not n.HasField("open")
+        and len(m.results) + len(n.results) <= MESSAGE_ITEMS_MAX
+        and len(m.heartbeats) + len(n.heartbeats) <= MESSAGE_ITEMS_MAX
+        and (not n.results or m.ByteSize() + n.ByteSize() <= RESULTS_MESSAGE_BYTES_MAX)
+    )
 
 
 def _result_chunks(results: list[pb.TaskResult]) -> list[list[pb.TaskResult]]:

@@ -52,4 +52,15 @@ class BuildWithStubs(build_py):
         )
 
 
-setup(cmdclass={"build_py": BuildWithStubs})
+def runtime_requirements() -> list[str]:
+    """The stubs check at import that the protobuf runtime is at least the version of the
+    compiler that generated them (same major): require exactly that range."""
+    try:
+        from google.protobuf import __version__ as gencode
+    except ImportError:  # metadata read without the build requirements
+        return ["grpcio>=1.60", "protobuf"]
+    major = int(gencode.split(".")[0])
+    return ["grpcio>=1.60", f"protobuf>={gencode},<{major + 1}"]
+
+
+setup(cmdclass={"build_py": BuildWithStubs}, install_requires=runtime_requirements())

@@ -291,3 +291,21 @@ def test_backfill_and_trigger(dev_target: Target) -> None:
             assert any(j.cron_job_id == job for j in (await c.list_cron()).cron_jobs)
 
     run(body)
+
+
+def test_the_five_minute_example_runs(dev_target: Target, tmp_path: Any) -> None:
+    """The first Python block of docs/sdk-python.md, as a user would run it."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    doc = (REPO / "docs/sdk-python.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S)
+    assert code is not None
+    script = tmp_path / "hello.py"
+    script.write_text(code.group(1).replace("http://127.0.0.1:7071", dev_target.grpc))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == 'EXECUTION_STATUS_SUCCEEDED {"greeting":"Hello, Ada!"}', p.stdout

@@ -173,6 +173,10 @@ class Client:
             ("grpc.max_send_message_length", RECEIVE_BYTES_MAX),
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # A restarted node is found again within a second or two.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
         ]
         if secure:
             self.channel = grpc.aio.secure_channel(target, (tls or Tls()).credentials(), options=options)
@@ -310,14 +314,22 @@ class Client:
 
     async def wait(self, execution_id: str, timeout: float = 120.0, *, poll: float = 0.1) -> pb.Execution:
         """Polls until the execution is SUCCEEDED, FAILED or CANCELLED; ``TimeoutError`` after
-        ``timeout`` seconds."""
+        ``timeout`` seconds. Transient errors (the node unreachable for a while) do not end it."""
         deadline = asyncio.get_running_loop().time() + timeout
+        last = "unknown"
         while True:
-            e = (await self.get(execution_id)).execution
-            if e.status in TERMINAL:
-                return e
+            try:
+                e = (await self.get(execution_id)).execution
+                if e.status in TERMINAL:
+                    return e
+                last = pb.ExecutionStatus.Name(e.status)
+            except KairosError as err:
+                # The node restarting or briefly unreachable: keep polling until the deadline.
+                if not err.transient:
+                    raise
+                last = f"unknown ({err})"
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"execution {execution_id} still {pb.ExecutionStatus.Name(e.status)} after {timeout} s")
+                raise TimeoutError(f"execution {execution_id} still {last} after {timeout} s")
             await asyncio.sleep(poll)
 
     # ---- definitions -----------------------------------------------------------------------

@@ -95,16 +95,19 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, ctx: Optio
     raise RuntimeError(f"kairos not healthy after 30 s: {log.read_text()[-2000:]}")
 
 
-def start_dev(dir: Path) -> Target:
-    http, grpc_port = free_port(), free_port()
+def start_dev(dir: Path, http: int = 0, grpc_port: int = 0) -> Target:
+    """`kairos dev` on `dir`/data (on the given ports: a restart of the same node)."""
+    http, grpc_port = http or free_port(), grpc_port or free_port()
     log = dir / "node.log"
     proc = subprocess.Popen(
         [str(kairos_bin()), "dev", "--data-dir", str(dir / "data"), "--listen-http", f"127.0.0.1:{http}",
          "--listen-grpc", f"127.0.0.1:{grpc_port}", "--log", "warn"],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        stdout=log.open("ab"), stderr=subprocess.STDOUT,
     )
     _wait_healthy(f"http://127.0.0.1:{http}", proc, log)
-    return Target("dev", f"http://127.0.0.1:{grpc_port}", proc, dir)
+    t = Target("dev", f"http://127.0.0.1:{grpc_port}", proc, dir)
+    t.extra["ports"] = (http, grpc_port)
+    return t
 
 
 def make_certs(dir: Path) -> dict[str, Path]:

@@ -309,3 +309,56 @@ def test_the_five_minute_example_runs(dev_target: Target, tmp_path: Any) -> None
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == 'EXECUTION_STATUS_SUCCEEDED {"greeting":"Hello, Ada!"}', p.stdout
+
+
+def test_a_result_made_while_the_node_is_down_is_sent_after_reconnecting(tmp_path: Any) -> None:
+    """The node is SIGKILLed while a handler runs; the handler finishes while it is down; the
+    node restarts on the same store and ports; the worker reconnects by itself and the result
+    it kept is applied (the attempt's own, attempt 1)."""
+    import signal
+
+    from conftest import start_dev
+
+    node = start_dev(tmp_path)
+
+    async def body() -> None:
+        async with node.client() as c:
+            name = unique("py-reconnect")
+            await apply(c, name)
+            started = asyncio.Event()
+            release = asyncio.Event()
+            acks: list[kairos.Ack] = []
+            w = kairos.Worker(c, name, on_ack=acks.append)
+
+            @w.handler(name)
+            async def h(task: kairos.Task) -> Any:
+                started.set()
+                await release.wait()
+                return {"attempt": task.attempt}
+
+            async with Running(w):
+                s = await c.submit(name, 1)
+                await asyncio.wait_for(started.wait(), 10)
+                await asyncio.sleep(0.3)  # its first heartbeat
+                node.proc.send_signal(signal.SIGKILL)
+                node.proc.wait()
+                release.set()
+                await asyncio.sleep(0.5)  # the result is made and kept, unacknowledged
+                assert not acks
+                http, grpc_port = node.extra["ports"]
+                again = start_dev(tmp_path, http, grpc_port)
+                node.proc = again.proc
+                done = await c.wait(s.execution_id, 30)
+                assert done.status == api.EXECUTION_STATUS_SUCCEEDED, done
+                assert done.attempt_count == 1 and json.loads(done.output_json) == {"attempt": 1}
+                deadline = time.monotonic() + 10
+                while not acks:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+                assert acks[0].applied and acks[0].execution_id == s.execution_id
+
+    try:
+        run(body)
+    finally:
+        node.proc.terminate()
+        node.proc.wait(10)

@@ -18,7 +18,7 @@ from kairos.v1 import api_pb2 as pb
 from kairos.v1 import api_pb2_grpc
 
 from ._errors import KairosError, LimitError
-from ._limits import INPUTS_BYTES_MAX, LIST_PAGE_MAX, RECEIVE_BYTES_MAX, SUBMIT_BATCH_MAX
+from ._limits import INPUTS_BYTES_MAX, LIST_PAGE_MAX, MESSAGE_ITEMS_MAX, RECEIVE_BYTES_MAX, SUBMIT_BATCH_MAX
 
 T = TypeVar("T")
 
@@ -331,6 +331,32 @@ class Client:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"execution {execution_id} still {last} after {timeout} s")
             await asyncio.sleep(poll)
+
+    # ---- the worker protocol's unary calls ------------------------------------------------
+
+    async def poll(self, queue: str, *, worker_id: str, max_executions: int = 1, wait: float = 0.0, lease: float = 0.0,
+                   namespace: Optional[str] = None) -> List[pb.Task]:
+        """Long poll (for simple workers; :class:`~kairos.Worker` streams instead): up to
+        ``max_executions`` READY tasks, waiting up to ``wait`` seconds for the first."""
+        req = pb.PollRequest(namespace=namespace or self.namespace, queue=queue, worker_id=worker_id,
+                             max_executions=max_executions, lease_ms=int(lease * 1000), wait_ms=int(wait * 1000))
+        reply: pb.PollResponse = await self._call(self.workers.Poll, req, timeout=self.timeout + wait)
+        return [*reply.tasks]
+
+    async def heartbeat(self, task: pb.Task, *, worker_id: str) -> pb.HeartbeatResponse:
+        req = pb.HeartbeatRequest(namespace=task.namespace or self.namespace, execution_id=task.execution_id,
+                                  fencing_token=task.fencing_token, worker_id=worker_id)
+        return await self._call(self.workers.Heartbeat, req)
+
+    async def report(self, results: Sequence[pb.TaskResult], *, worker_id: str, namespace: Optional[str] = None) -> List[pb.ResultAck]:
+        """Results of many attempts, 1,000 per ``Report`` call (the node's limit); one
+        acknowledgement per result, in order (code 0 applied, ``FAILED_PRECONDITION`` fenced)."""
+        acks: List[pb.ResultAck] = []
+        for i in range(0, len(results), MESSAGE_ITEMS_MAX):
+            req = pb.ReportRequest(namespace=namespace or self.namespace, results=results[i : i + MESSAGE_ITEMS_MAX], worker_id=worker_id)
+            reply: pb.ReportResponse = await self._call(self.workers.Report, req)
+            acks.extend(reply.acks)
+        return acks
 
     # ---- definitions -----------------------------------------------------------------------
 

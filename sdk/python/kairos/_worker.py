@@ -254,10 +254,20 @@ class Worker:
         if any(not h.is_async for h in self._all_handlers()):
             self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="kairos-handler")
         backoff = 0.1
+        give_up_at: Optional[float] = None
         try:
             while True:
-                if self._stopping and not self._running and not self._unacked and not self._done:
-                    return
+                if self._stopping and not self._running and not self._done:
+                    if not self._unacked:
+                        return
+                    # Stopping with results the node has not acknowledged, and no stream: try
+                    # for SHUTDOWN_ACK_WAIT, then give up (the attempts are retried after
+                    # their lease).
+                    now = time.monotonic()
+                    give_up_at = give_up_at or now + SHUTDOWN_ACK_WAIT
+                    if now > give_up_at:
+                        log.warning("kairos worker %s: %d results unacknowledged at shutdown", self.worker_id, len(self._unacked))
+                        return
                 try:
                     clean = await self._one_stream()
                     backoff = 0.1

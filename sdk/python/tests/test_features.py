@@ -362,3 +362,36 @@ def test_a_result_made_while_the_node_is_down_is_sent_after_reconnecting(tmp_pat
     finally:
         node.proc.terminate()
         node.proc.wait(10)
+
+
+def test_poll_heartbeat_and_report_split_at_the_node_limit(dev_target: Target) -> None:
+    """The unary worker calls: 1,005 tasks polled, reported in one `report` call that the SDK
+    splits into Report calls of at most 1,000 (the node refuses more); every one applied, and
+    a repeat of a result (same fencing token) is still code 0 (idempotent)."""
+
+    async def body() -> None:
+        async with dev_target.client() as c:
+            name = unique("py-report")
+            await apply(c, name)
+            results = await c.submit_many([kairos.Submission(name, 1, {"n": i}) for i in range(1005)])
+            assert all(isinstance(r, api.SubmitResponse) for r in results)
+            tasks: list[api.Task] = []
+            deadline = time.monotonic() + 20
+            while len(tasks) < 1005:
+                assert time.monotonic() < deadline, len(tasks)
+                tasks += await c.poll(name, worker_id="py-poller", max_executions=256, wait=1.0)
+            hb = await c.heartbeat(tasks[0], worker_id="py-poller")
+            assert hb.lease_remaining_ms > 0 and not hb.cancel_requested
+            out = [api.TaskResult(execution_id=t.execution_id, fencing_token=t.fencing_token,
+                                  success=api.Success(output_json='{"ok":true}')) for t in tasks]
+            acks = await c.report(out, worker_id="py-poller")
+            assert len(acks) == 1005 and all(a.code == 0 for a in acks), [a for a in acks if a.code][:3]
+            assert [a.execution_id for a in acks] == [t.execution_id for t in tasks]
+            again = await c.report(out[:1], worker_id="py-poller")
+            assert again[0].code == 0
+            stale = api.TaskResult(execution_id=tasks[1].execution_id, fencing_token=tasks[1].fencing_token + 7,
+                                   success=api.Success())
+            fenced = await c.report([stale], worker_id="py-poller")
+            assert fenced[0].code == grpc.StatusCode.FAILED_PRECONDITION.value[0], fenced
+
+    run(body)

@@ -183,6 +183,7 @@ class Worker:
         self.on_ack = on_ack
         self.heartbeats = heartbeats
         self._handlers: dict[str, _HandlerSpec] = {}
+        self._by_uri: dict[str, Optional[_HandlerSpec]] = {}
         self._fallback: Optional[_HandlerSpec] = None
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._stopping = False
@@ -210,6 +211,7 @@ class Worker:
             self._fallback = spec
         else:
             self._handlers[definition] = spec
+        self._by_uri.clear()
         return self
 
     def handler(self, definition: Optional[str], *, timeout: Optional[float] = None) -> Callable[[Handler], Handler]:
@@ -411,19 +413,21 @@ class Worker:
                 self._out.put_nowait(pb.WorkRequest(heartbeats=due[i : i + MESSAGE_ITEMS_MAX]))
 
     def _on_response(self, m: pb.WorkResponse) -> None:
+        unacked = self._unacked
+        on_ack = self.on_ack
         for ack in m.acks:
-            self._unacked.pop(ack.execution_id, None)
-            a = Ack(ack.execution_id, ack.code, ack.message, ack.status)
-            if a.applied:
+            unacked.pop(ack.execution_id, None)
+            code = ack.code
+            if code == 0:
                 self.applied += 1
-            elif a.fenced:
+            elif code == _FENCED:
                 self.fenced += 1
-                log.info("kairos worker %s: result of %s fenced out: %s", self.worker_id, a.execution_id, a.message)
+                log.info("kairos worker %s: result of %s fenced out: %s", self.worker_id, ack.execution_id, ack.message)
             else:
                 self.refused += 1
-                log.warning("kairos worker %s: result of %s refused: %s", self.worker_id, a.execution_id, a.message)
-            if self.on_ack is not None:
-                self.on_ack(a)
+                log.warning("kairos worker %s: result of %s refused: %s", self.worker_id, ack.execution_id, ack.message)
+            if on_ack is not None:
+                on_ack(Ack(ack.execution_id, code, ack.message, ack.status))
         if m.acks:
             self._poke()
         for hb in m.heartbeats:
@@ -444,19 +448,24 @@ class Worker:
 
     def _cancel_running(self, r: _Running) -> None:
         r.task._cancel()
-        spec = self._spec(r.task)
+        spec = self._spec(r.task.raw.definition_uri)
         if r.future is not None and spec is not None and spec.is_async:
             r.future.cancel()
 
-    def _spec(self, task: Task) -> Optional[_HandlerSpec]:
-        return self._handlers.get(task.definition) or self._fallback
+    def _spec(self, uri: str) -> Optional[_HandlerSpec]:
+        try:
+            return self._by_uri[uri]
+        except KeyError:
+            name = uri[len("registry://jobs/") :] if uri.startswith("registry://jobs/") else uri
+            spec = self._by_uri[uri] = self._handlers.get(name) or self._fallback
+            return spec
 
     def _start(self, t: pb.Task, now: float, loop: asyncio.AbstractEventLoop) -> None:
         task = Task(t, loop)
         r = _Running(t.fencing_token, now + HEARTBEAT_TICK, max(t.lease_ms, 1000) / 1000, task)
         self._running[t.execution_id] = r
         self.started += 1
-        spec = self._spec(task)
+        spec = self._spec(t.definition_uri)
         if spec is None:
             self._finish(r, _failure(f"no handler for definition {task.definition!r} on worker {self.worker_id}", False, "no-handler"))
             return

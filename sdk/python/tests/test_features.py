@@ -395,3 +395,29 @@ def test_poll_heartbeat_and_report_split_at_the_node_limit(dev_target: Target) -
             assert fenced[0].code == grpc.StatusCode.FAILED_PRECONDITION.value[0], fenced
 
     run(body)
+
+
+def test_heartbeats_keep_a_task_longer_than_its_lease(dev_target: Target) -> None:
+    """Lease 1 s, a handler of 3.5 s: the worker's heartbeats (a third of the lease) keep the
+    attempt; it succeeds as attempt 1, never handed to anyone else."""
+
+    async def body() -> None:
+        async with dev_target.client() as c:
+            name = unique("py-long")
+            await apply(c, name, lease="1s")
+            runs: list[int] = []
+            w = kairos.Worker(c, name)
+
+            @w.handler(name)
+            async def long(task: kairos.Task) -> Any:
+                runs.append(task.attempt)
+                await asyncio.sleep(3.5)
+                return {"attempt": task.attempt}
+
+            async with Running(w):
+                s = await c.submit(name, 1)
+                done = await c.wait(s.execution_id, 20)
+            assert done.status == api.EXECUTION_STATUS_SUCCEEDED and done.attempt_count == 1, done
+            assert runs == [1] and w.applied == 1 and w.fenced == 0
+
+    run(body)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 # The repository's proto/ (pip install ./sdk/python), or a copy next to setup.py.
@@ -52,6 +53,17 @@ class BuildWithStubs(build_py):
         )
 
 
+class SdistWithProto(sdist):
+    """An sdist carries the proto (as ``proto/``), so a wheel can be built from it alone."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        src = proto_root() / "kairos" / "v1" / "api.proto"
+        dst = Path(base_dir) / "proto" / "kairos" / "v1" / "api.proto"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(src.read_bytes())
+
+
 def runtime_requirements() -> list[str]:
     """The stubs check at import that the protobuf runtime is at least the version of the
     compiler that generated them (same major): require exactly that range."""
@@ -63,4 +75,4 @@ def runtime_requirements() -> list[str]:
     return ["grpcio>=1.60", f"protobuf>={gencode},<{major + 1}"]
 
 
-setup(cmdclass={"build_py": BuildWithStubs}, install_requires=runtime_requirements())
+setup(cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProto}, install_requires=runtime_requirements())

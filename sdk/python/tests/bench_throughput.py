@@ -88,11 +88,14 @@ async def python_figure(grpc: str, count: int, slots: int, profile: bool) -> tup
                     ids.append(r.execution_id)
 
         await asyncio.gather(*(send(b) for b in batches))
+        cpu0 = time.process_time()
         submitted_s = time.time() * 1000 - t0
         print(f"python: submitted {len(ids)} in {submitted_s:.0f} ms (due at +{lead_ms} ms)", flush=True)
         deadline = time.monotonic() + 300
         while len(starts) < count and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+        cpu_s = time.process_time() - cpu0
+        print(f"python: the worker's process used {cpu_s:.2f} CPU s draining", flush=True)
         await asyncio.sleep(0.5)
         w.stop()
         await asyncio.wait_for(run, 30)

@@ -37,6 +37,17 @@ class KairosError(Exception):
             grpc.StatusCode.ABORTED,
         )
 
+    @property
+    def tls_failure(self) -> bool:
+        """Whether TLS failed in a way retrying does not mend: this client does not trust the
+        node's certificate, or the node refused this client's (mutual TLS: none given, or one
+        its client CA did not sign — under TLS 1.3 seen as a corrupted record after the
+        handshake)."""
+        m = self.message
+        return self.code == grpc.StatusCode.UNAVAILABLE and any(
+            s in m for s in ("Tls handshake failed", "CERTIFICATE_VERIFY_FAILED", "TSI_DATA_CORRUPTED", "SSL_ERROR_SSL")
+        )
+
     @classmethod
     def from_rpc(cls, e: grpc.RpcError) -> "KairosError":
         code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN

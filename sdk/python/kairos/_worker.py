@@ -247,7 +247,8 @@ class Worker:
     async def run(self) -> None:
         """Takes tasks and runs them until :meth:`stop`. Reconnects by itself when the stream
         breaks (backing off up to 2 s); raises :class:`KairosError` when the node refuses the
-        worker (bad settings, a key without the ``worker`` scope)."""
+        worker (bad settings, a key without the ``worker`` scope, TLS that fails: see
+        :attr:`KairosError.tls_failure`)."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         self._wake = asyncio.Event()
@@ -276,8 +277,11 @@ class Worker:
                     if clean:
                         return
                 except grpc.aio.AioRpcError as e:
-                    if e.code() in _FATAL:
-                        raise KairosError.from_rpc(e) from None
+                    err = KairosError.from_rpc(e)
+                    if e.code() in _FATAL or err.tls_failure:
+                        # A bad setting, a key the node refuses, or TLS that cannot work (the
+                        # node's certificate not trusted, ours refused): retrying cannot help.
+                        raise err from None
                     log.info("kairos worker %s: stream broke (%s: %s); reconnecting", self.worker_id, e.code().name, e.details())
                 except KairosError as e:
                     if e.code in _FATAL:

@@ -66,12 +66,12 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(serve_target: Target)
         async with kairos.Client(serve_target.grpc, api_key=serve_target.client_key, tls=tls, timeout=5) as c:
             with pytest.raises(kairos.KairosError) as e:
                 await c.who_am_i()
-            assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e.value
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE and e.value.tls_failure, e.value
         # Without our CA the node's certificate is not trusted.
         async with kairos.Client(serve_target.grpc, api_key=serve_target.client_key, tls=kairos.Tls(), timeout=5) as c:
             with pytest.raises(kairos.KairosError) as e:
                 await c.who_am_i()
-            assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e.value
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE and e.value.tls_failure, e.value
 
     run(body)
 
@@ -419,5 +419,21 @@ def test_heartbeats_keep_a_task_longer_than_its_lease(dev_target: Target) -> Non
                 done = await c.wait(s.execution_id, 20)
             assert done.status == api.EXECUTION_STATUS_SUCCEEDED and done.attempt_count == 1, done
             assert runs == [1] and w.applied == 1 and w.fenced == 0
+
+    run(body)
+
+
+def test_a_worker_whose_tls_cannot_work_stops_with_the_reason(serve_target: Target) -> None:
+    """Mutual TLS without a client certificate, and a node certificate not trusted: the
+    worker's run() raises (tls_failure) instead of retrying forever."""
+
+    async def body() -> None:
+        assert serve_target.tls is not None
+        for tls in (kairos.Tls(ca_cert=serve_target.tls.ca_cert), kairos.Tls()):
+            async with kairos.Client(serve_target.grpc, api_key=serve_target.worker_key, tls=tls) as c:
+                w = kairos.Worker(c, "anything")
+                with pytest.raises(kairos.KairosError) as e:
+                    await asyncio.wait_for(w.run(), 10)
+                assert e.value.tls_failure and e.value.code == grpc.StatusCode.UNAVAILABLE, e.value
 
     run(body)

@@ -455,6 +455,12 @@ export class Client {
     return (await this.call<unknown, { entries: AuditEntry__Output[] }>(this.admin, "AuditLog", { namespace: this.namespace, ...options })).entries;
   }
 
+  /** Executions by status, of this namespace (`all`: of every namespace, which needs a `*` key). */
+  async stats(all = false): Promise<Record<string, number>> {
+    const r = await this.call<unknown, { executions: Array<{ status: string; count: string }> }>(this.admin, "Stats", { namespace: all ? "" : this.namespace });
+    return Object.fromEntries(r.executions.map((c) => [c.status, Number(c.count)]));
+  }
+
   limits(): Promise<LimitsResponse__Output> {
     return this.call(this.admin, "Limits", { namespace: this.namespace });
   }

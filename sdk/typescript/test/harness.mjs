@@ -65,13 +65,19 @@ export async function startNode(target, { extraArgs = [] } = {}) {
     args.push("--tls-cert-file", certs.nodeCert, "--tls-key-file", certs.nodeKey, "--tls-client-ca-file", certs.ca);
   }
   const log = fs.openSync(path.join(dir, "node.log"), "a");
-  const child = spawn(kairosBin(), args, { stdio: ["ignore", log, log] });
-  let exited = null;
-  child.on("exit", (code, signal) => { exited = { code, signal }; });
+  let child, exited;
+  const launch = () => {
+    exited = null;
+    child = spawn(kairosBin(), args, { stdio: ["ignore", log, log] });
+    const me = child;
+    me.on("exit", (code, signal) => { if (child === me) exited = { code, signal }; });
+  };
+  launch();
   const endpoint = target === "serve" ? `https://127.0.0.1:${grpcPort}` : `http://127.0.0.1:${grpcPort}`;
   const tls = certs ? { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey, serverName: "localhost" } : undefined;
-  const deadline = Date.now() + 30_000;
   let adminKey;
+  const ready = async () => {
+  const deadline = Date.now() + 30_000;
   for (;;) {
     if (exited) throw new Error(`kairos ${target} exited (${JSON.stringify(exited)}): ${fs.readFileSync(path.join(dir, "node.log"), "utf8").slice(-2000)}`);
     if (Date.now() > deadline) throw new Error(`kairos ${target} did not come up in 30 s (log ${dir}/node.log)`);
@@ -88,6 +94,8 @@ export async function startNode(target, { extraArgs = [] } = {}) {
       await sleep(100);
     }
   }
+  };
+  await ready();
   const admin = new sdk.Client(endpoint, { apiKey: adminKey, tls });
   const keys = {};
   if (target === "serve") {
@@ -95,7 +103,18 @@ export async function startNode(target, { extraArgs = [] } = {}) {
     keys.worker = (await admin.createApiKey({ namespace: "default", scopes: ["worker"], name: "sdk-ts-worker" })).token;
   }
   return {
-    target, dir, endpoint, tls, admin, keys, child,
+    target, dir, endpoint, tls, admin, keys,
+    get child() { return child; },
+    /** SIGKILLs the node, runs `whileDown`, and starts it again on the same data dir and ports. */
+    async restart(whileDown = async () => {}) {
+      const old = child;
+      const gone = new Promise((r) => old.once("exit", r));
+      old.kill("SIGKILL");
+      await gone;
+      await whileDown();
+      launch();
+      await ready();
+    },
     /** Options of a client (`role`: client | worker). */
     options(role = "client") { return { apiKey: keys[role], tls }; },
     client(role = "client") { return new sdk.Client(endpoint, { apiKey: keys[role], tls }); },

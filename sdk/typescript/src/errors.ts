@@ -26,6 +26,16 @@ export class KairosError extends Error {
     this.field = field ?? fieldOf(details);
   }
 
+  /**
+   * Whether TLS failed in a way retrying does not mend: the node refused this client's
+   * certificate (none given, or one its client CA did not sign), or this client does not
+   * trust the node's certificate.
+   */
+  get tlsFailure(): boolean {
+    return /alert (certificate required|bad certificate|unknown ca|certificate unknown|decrypt error|handshake failure)|unable to verify|self[- ]signed certificate|certificate has expired|certificate verify failed|Hostname\/IP does not match|ERR_TLS_CERT/i
+      .test(this.details);
+  }
+
   /** Whether repeating the call may succeed (the node unreachable, no answer in time, the connection broken). */
   get transient(): boolean {
     return [Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED, Status.UNKNOWN, Status.CANCELLED, Status.ABORTED]

@@ -238,7 +238,8 @@ export class Worker extends EventEmitter {
       this.call = undefined;
       if (this.finished) return;
       const err = e ? fromGrpc(e) : new KairosError(grpc.status.UNAVAILABLE, "the Work stream ended");
-      if ([grpc.status.INVALID_ARGUMENT, grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED].includes(err.code)) {
+      // A bad setting, a key the node refuses, or TLS refused either way: retrying cannot help.
+      if ([grpc.status.INVALID_ARGUMENT, grpc.status.UNAUTHENTICATED, grpc.status.PERMISSION_DENIED].includes(err.code) || err.tlsFailure) {
         this.finish(err);
         return;
       }

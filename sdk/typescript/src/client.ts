@@ -139,6 +139,7 @@ export class Client {
   /** @internal */ readonly credentials: grpc.ChannelCredentials;
   /** @internal */ readonly channelOptions: grpc.ChannelOptions;
   private readonly retries: number;
+  private readonly options: ClientOptions;
   private readonly authorization: string | undefined;
   /** @internal */ readonly executions: ExecutionServiceClient;
   /** @internal */ readonly workers: WorkerServiceClient;
@@ -156,6 +157,7 @@ export class Client {
     if (!m) throw invalid("endpoint", `${JSON.stringify(endpoint)} is not http(s)://host:port`);
     const [, scheme, hostPort] = m;
     this.endpoint = url;
+    this.options = options;
     this.target = hostPort;
     this.namespace = options.namespace ?? "default";
     this.timeoutMs = options.timeoutMs ?? 30_000;
@@ -196,13 +198,9 @@ export class Client {
     this.admin = new v1.AdminService(this.target, this.credentials, shared);
   }
 
-  /** The same connection settings in another namespace (a new connection). */
+  /** The same settings (key, TLS, time-out) in another namespace (a new connection). */
   withNamespace(namespace: string): Client {
-    return new Client(this.endpoint, { ...this.originalOptions(), namespace });
-  }
-
-  private originalOptions(): ClientOptions {
-    return { apiKey: this.authorization?.slice("Bearer ".length), timeoutMs: this.timeoutMs, retries: this.retries };
+    return new Client(this.endpoint, { ...this.options, namespace });
   }
 
   /** Call metadata: the API key. */

@@ -48,3 +48,13 @@ test("an unreachable node is UNAVAILABLE, transient", async () => {
   await assert.rejects(c.get("x"), (e) => e instanceof KairosError && (e.codeName === "UNAVAILABLE" || e.codeName === "DEADLINE_EXCEEDED") && e.transient);
   c.close();
 });
+
+test("withNamespace keeps the key, TLS and time-out", () => {
+  const c = new Client("https://127.0.0.1:1", { apiKey: "kai_x", timeoutMs: 1234, tls: { serverName: "n" } });
+  const d = c.withNamespace("team-a");
+  assert.equal(d.namespace, "team-a");
+  assert.equal(d.timeoutMs, 1234);
+  assert.equal(d.metadata().get("authorization")[0], "Bearer kai_x");
+  assert.equal(d.channelOptions["grpc.ssl_target_name_override"], "n");
+  c.close(); d.close();
+});

@@ -369,15 +369,14 @@ export class Worker extends EventEmitter {
     this.pending = [];
     this.pendingCredits = 0;
     for (const r of results) this.unacked.set(r.executionId!, r);
+    // Without a stream they wait, unacknowledged, for the next one (which sends them again),
+    // and the slots they free are in that stream's opening credits.
     const call = this.call;
     if (call) {
-      // Unsent on a broken stream: they are unacknowledged, so the next stream sends them.
       for (const chunk of chunkResults(results)) {
         call.write({ credits, results: chunk });
         credits = 0;
       }
-    } else if (credits) {
-      // Slots freed while disconnected: the next stream's open counts them.
     }
     if (this.stopping) this.maybeFinish();
   }

@@ -1,0 +1,15 @@
+export { Client, definitionUri, LOADER_OPTIONS } from "./client";
+export type { ClientOptions, TlsOptions, SubmitOptions, ListOptions, ExecutionPage, ExecutionWithAttempts } from "./client";
+export { Worker, Task, definitionName } from "./worker";
+export type { Handler, HandlerOptions, WorkerOptions, RefusedResult } from "./worker";
+export { KairosError, NonRetryableError, RetryableError, CODE_NAMES } from "./errors";
+export * as limits from "./limits";
+export type { Execution__Output as Execution } from "./generated/kairos/v1/Execution";
+export type { Attempt__Output as Attempt } from "./generated/kairos/v1/Attempt";
+export type { SubmitResponse__Output as SubmitResponse } from "./generated/kairos/v1/SubmitResponse";
+export type { SubmitBatchItem__Output as SubmitBatchItem } from "./generated/kairos/v1/SubmitBatchItem";
+export type { Definition__Output as Definition } from "./generated/kairos/v1/Definition";
+export type { CronJob__Output as CronJob } from "./generated/kairos/v1/CronJob";
+export type { Occurrence__Output as Occurrence } from "./generated/kairos/v1/Occurrence";
+export type { ExecutionStatus } from "./generated/kairos/v1/ExecutionStatus";
+export type { Task__Output as RawTask } from "./generated/kairos/v1/Task";

@@ -111,6 +111,17 @@ impl Cluster {
         v["executionId"].as_str().unwrap().to_string()
     }
 
+    /// Submitted to run in an hour (SCHEDULED meanwhile).
+    fn submit_later(&self, def: &str, key: &str) -> String {
+        let body = json!({"definitionUri": format!("registry://jobs/{def}"), "definitionVersion": 1,
+            "inputs": {"greeting": "later"}, "delayMs": 3_600_000})
+        .to_string();
+        let (status, v) =
+            api(self.http, &self.operator, "POST", "/executions", &[("Idempotency-Key", key)], body.as_bytes());
+        assert_eq!(status, 201, "{v}");
+        v["executionId"].as_str().unwrap().to_string()
+    }
+
     fn status(&self, id: &str) -> String {
         let (_, v) = api(self.http, &self.operator, "GET", &format!("/executions/{id}"), &[], b"");
         v["status"].as_str().unwrap_or_default().to_string()
@@ -126,7 +137,7 @@ impl Cluster {
 }
 
 fn sign_in(b: &Browser, c: &Cluster, key: &str) {
-    b.goto(&c.url("/ui/"));
+    b.goto(&c.url("/ui/executions"));
     b.find("#apiKey");
     assert!(b.url().ends_with("/ui/login"), "signed out: sent to sign in, at {}", b.url());
     b.fill("#apiKey", key);
@@ -182,6 +193,34 @@ fn executions_sign_in_search_attempts_and_cancel() {
     // The console's cancel is the API's: audited under the operator's key.
     let (_, audit) = api(c.http, &c.admin, "GET", "/audit", &[("Kairos-Namespace", "default")], b"");
     assert!(audit.to_string().contains(&running), "the cancel is in the audit log: {audit}");
+
+    // Bulk: two waiting an hour, found by their status and definition, cancelled at once
+    // after a confirmation that says how many.
+    let later: Vec<String> = (0..2).map(|i| c.submit_later("slow", &format!("console-bulk-{i}"))).collect();
+    b.goto(&c.url("/ui/executions?status=SCHEDULED&definition=slow"));
+    let table = b.text("#executions");
+    assert!(later.iter().all(|id| table.contains(id)), "{table}");
+    let asks = b.run(
+        "window.confirm = function () { return true; };\
+         return document.querySelector('#bulk form').getAttribute('data-confirm');",
+        json!([]),
+    );
+    assert_eq!(asks, json!("Cancel the 2 executions shown?"));
+    b.click("#bulk-cancel");
+    let result = b.wait_text("#bulk-result", 20, |t| !t.is_empty());
+    assert!(result.starts_with("2 cancelled, 0 refused, of 2"), "{result}");
+    b.screenshot(&shots().join("bulk-cancel.png"));
+    for id in &later {
+        assert_eq!(c.status(id), "CANCELLED");
+    }
+
+    // The overview: executions by status, and this node's health and lateness.
+    b.goto(&c.url("/ui/"));
+    b.find("#status-chart");
+    let health = b.text("#health");
+    assert!(health.starts_with("ok node="), "{health}");
+    assert!(b.text("main").contains("p99"), "lateness quantiles shown");
+    b.screenshot(&shots().join("overview.png"));
 
     // Bad search input: the field is named, and it is a 400, not a 5xx.
     b.goto(&c.url("/ui/executions?status=SLEEPING"));
@@ -270,6 +309,7 @@ fn schedules_preview_across_dst_create_and_pause() {
     assert!(preview.contains("12:00:00+01:00") && preview.contains("12:00:00+02:00"), "{preview}");
     assert!(preview.contains("T11:00:00Z") && preview.contains("T10:00:00Z"), "{preview}");
     assert!(preview.contains("+01:00 → +02:00"), "{preview}");
+    b.run("document.getElementById('preview').scrollIntoView();", json!([]));
     b.screenshot(&shots().join("schedule-preview-dst.png"));
     b.click("#create");
     b.wait_text("#schedule-status", 10, |t| !t.is_empty());

@@ -67,7 +67,7 @@ impl Page {
         );
         if let Some(w) = &self.who {
             h.push_str(
-                "<nav aria-label=\"Console\"><a href=\"/ui/executions\">Executions</a>\
+                "<nav aria-label=\"Console\"><a href=\"/ui/\">Overview</a><a href=\"/ui/executions\">Executions</a>\
                  <a href=\"/ui/schedules\">Schedules</a></nav>",
             );
             let _ = write!(

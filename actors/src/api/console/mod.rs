@@ -42,12 +42,13 @@ struct Console {
 pub fn router(api: Router, secure: bool) -> Router {
     Router::new()
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
-        .route("/ui/", get(|| async { Redirect::to("/ui/executions") }))
+        .route("/ui/", get(overview))
         .route("/ui/assets/console.css", get(css))
         .route("/ui/assets/console.js", get(js))
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/executions", get(executions))
+        .route("/ui/executions/bulk", post(bulk))
         .route("/ui/executions/{id}", get(execution))
         .route("/ui/executions/{id}/cancel", post(cancel))
         .route("/ui/executions/{id}/replay", post(replay))
@@ -396,8 +397,9 @@ async fn logout(State(c): State<Console>) -> Response {
 
 // ---- executions ----
 
+/// The statuses of an execution (docs/state-machines.md), as the API names them.
 const STATUSES: [&str; 7] =
-    ["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "QUARANTINED", "WAITING"];
+    ["SCHEDULED", "READY", "RUNNING", "RETRY_WAIT", "SUCCEEDED", "FAILED", "CANCELLED"];
 
 fn status_badge(s: &str) -> String {
     format!("<span class=\"status status-{0}\">{0}</span>", esc(s))
@@ -492,6 +494,24 @@ async fn executions(
             );
         }
         p.body.push_str("</tbody></table></div>");
+        let ids: Vec<&str> = rows.iter().filter_map(|e| e["executionId"].as_str()).collect();
+        if who.can_act && !ids.is_empty() && (!status.is_empty() || !definition.is_empty()) {
+            let hidden: String = ids
+                .iter()
+                .map(|id| format!("<input type=\"hidden\" name=\"id\" value=\"{}\">", esc(id)))
+                .collect();
+            let t = esc(s.csrf.as_deref().unwrap_or_default());
+            let n = ids.len();
+            let _ = write!(
+                p.body,
+                "<div class=\"actions\" id=\"bulk\"><form method=\"post\" action=\"/ui/executions/bulk\" data-confirm=\"Cancel the {n} executions shown?\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{t}\"><input type=\"hidden\" name=\"action\" value=\"cancel\">{hidden}\
+                 <button class=\"danger\" id=\"bulk-cancel\" type=\"submit\">Cancel these {n}</button></form>\
+                 <form method=\"post\" action=\"/ui/executions/bulk\" data-confirm=\"Replay the {n} executions shown?\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{t}\"><input type=\"hidden\" name=\"action\" value=\"replay\">{hidden}\
+                 <button class=\"secondary\" id=\"bulk-replay\" type=\"submit\">Replay these {n}</button></form></div>"
+            );
+        }
         if let Some(next) = r.body["nextCursor"].as_str() {
             let _ = write!(
                 p.body,
@@ -565,7 +585,7 @@ async fn execution(State(c): State<Console>, headers: HeaderMap, Path(id): Path<
         );
     }
     p.body.push_str("</tbody></table></div>");
-    let finished = matches!(status, "SUCCEEDED" | "FAILED" | "CANCELLED" | "QUARANTINED");
+    let finished = matches!(status, "SUCCEEDED" | "FAILED" | "CANCELLED");
     if who.can_act {
         let token = esc(s.csrf.as_deref().unwrap_or_default());
         p.body.push_str("<div class=\"actions\">");
@@ -625,6 +645,192 @@ async fn replay(
     }
     let new_id = r.body["executionId"].as_str().unwrap_or(&id).to_string();
     Redirect::to(&format!("/ui/executions/{}", url_enc(&new_id))).into_response()
+}
+
+/// Cancel or replay a set of executions (the page of a filtered search), each through the
+/// API as its own call, so each is authorized and audited on its own; the page says what
+/// happened to each.
+async fn bulk(State(c): State<Console>, headers: HeaderMap, RawForm(body): RawForm) -> Response {
+    let (s, who, f) = match enter_post(&c, &headers, &body).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let action = field(&f, "action").to_string();
+    let ids: Vec<&str> = f.iter().filter(|(k, _)| k == "id").map(|(_, v)| v.as_str()).collect();
+    if ids.is_empty() || ids.len() > BULK_MAX {
+        let msg = format!("id: give 1 to {BULK_MAX} executions, not {}", ids.len());
+        return c.error_page(&s, Some(&who), StatusCode::BAD_REQUEST, &msg);
+    }
+    let (method, verb) = match action.as_str() {
+        "cancel" => (Method::DELETE, "cancelled"),
+        "replay" => (Method::POST, "replayed"),
+        other => {
+            let msg = format!("action: must be cancel or replay, not {other:?}");
+            return c.error_page(&s, Some(&who), StatusCode::BAD_REQUEST, &msg);
+        }
+    };
+    let mut rows = String::new();
+    let (mut ok, mut failed) = (0, 0);
+    for id in &ids {
+        let uri = match action.as_str() {
+            "cancel" => format!("/executions/{}", url_enc(id)),
+            _ => format!("/executions/{}/replay", url_enc(id)),
+        };
+        let r = c.call(&s, method.clone(), &uri, None).await;
+        let outcome = if r.ok() {
+            ok += 1;
+            match r.body["executionId"].as_str() {
+                Some(new) if new != *id => format!("{verb} as <a href=\"/ui/executions/{}\">{}</a>", url_enc(new), esc(new)),
+                _ => format!("{verb} ({})", esc(r.body["status"].as_str().unwrap_or_default())),
+            }
+        } else {
+            failed += 1;
+            format!("<span class=\"error\">{}</span>", esc(&r.error().1))
+        };
+        let _ = write!(rows, "<tr><td><a href=\"/ui/executions/{}\"><code>{}</code></a></td><td>{outcome}</td></tr>", url_enc(id), esc(id));
+    }
+    let mut p = c.page(&s, Some(&who), "Bulk action");
+    let _ = write!(
+        p.body,
+        "<h1>Bulk {}</h1><p role=\"status\" id=\"bulk-result\">{ok} {verb}, {failed} refused, of {}.</p>\
+         <div class=\"table-wrap\"><table><thead><tr><th scope=\"col\">Execution</th><th scope=\"col\">Outcome</th></tr></thead><tbody>{rows}</tbody></table></div>\
+         <p><a href=\"/ui/executions\">Back to executions</a></p>",
+        esc(&action),
+        ids.len()
+    );
+    c.finish(&s, if failed == 0 { StatusCode::OK } else { StatusCode::MULTI_STATUS }, p)
+}
+
+/// The most executions one bulk action takes (one page of the search).
+const BULK_MAX: usize = 50;
+
+// ---- overview ----
+
+/// How many executions of `status` there are, counting up to `cap` (a page of the API's).
+async fn count(c: &Console, s: &Session, status: &str, cap: usize) -> Option<(usize, bool)> {
+    let r = c.call(s, Method::GET, &format!("/executions?status={status}&limit={cap}"), None).await;
+    if !r.ok() {
+        return None;
+    }
+    let n = r.body["executions"].as_array().map_or(0, Vec::len);
+    Some((n, !r.body["nextCursor"].is_null()))
+}
+
+/// The `q`-quantile of a Prometheus histogram `name` in `metrics` (the upper bound of the
+/// bucket it falls in), and its count.
+fn quantile(metrics: &str, name: &str, q: f64) -> Option<(f64, u64)> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|rest| {
+            let (le, v) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, v.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let at = buckets.iter().find(|(_, n)| *n >= q * total)?;
+    Some((at.0, total as u64))
+}
+
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn seconds(s: f64) -> String {
+    if s.is_infinite() {
+        "over 10 min".into()
+    } else if s < 1.0 {
+        format!("≤ {:.1} ms", s * 1000.0)
+    } else {
+        format!("≤ {s} s")
+    }
+}
+
+/// Executions by status (an SVG bar chart), this node's health, shards and counters, and
+/// lateness quantiles from its histograms (since the node started).
+async fn overview(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let (s, who, fresh) = match enter(&c, &headers).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    const CAP: usize = 500;
+    let mut counts = Vec::new();
+    for st in STATUSES {
+        counts.push((st, count(&c, &s, st, CAP).await));
+    }
+    let health = c.call(&s, Method::GET, "/healthz", None).await;
+    let ready = c.call(&s, Method::GET, "/readyz", None).await;
+    let metrics = c.call(&s, Method::GET, "/metrics", None).await;
+    let metrics = metrics.body.as_str().unwrap_or_default().to_string();
+    let mut p = c.page(&s, Some(&who), "Overview");
+    p.body.push_str("<h1>Overview</h1><div id=\"overview-live\" data-live>");
+    let _ = write!(
+        p.body,
+        "<h2>Executions by status</h2><p class=\"readonly\">In namespace {}; counted up to {CAP} each.</p>",
+        esc(&s.namespace)
+    );
+    let max = counts.iter().filter_map(|(_, n)| n.map(|x| x.0)).max().unwrap_or(0).max(1);
+    let (bar_h, w) = (22, 560);
+    let _ = write!(
+        p.body,
+        "<svg id=\"status-chart\" role=\"img\" aria-label=\"Executions by status\" viewBox=\"0 0 {w} {}\" width=\"100%\" style=\"max-width:{w}px\">",
+        counts.len() * (bar_h + 6)
+    );
+    for (i, (st, n)) in counts.iter().enumerate() {
+        let y = i * (bar_h + 6);
+        let (v, more) = n.unwrap_or((0, false));
+        let len = 1 + v * 330 / max;
+        let label = match n {
+            None => "—".to_string(),
+            Some(_) if more => format!("{v}+"),
+            Some(_) => v.to_string(),
+        };
+        let _ = write!(
+            p.body,
+            "<text x=\"0\" y=\"{}\" font-size=\"13\">{st}</text><rect x=\"120\" y=\"{y}\" width=\"{len}\" height=\"{bar_h}\" class=\"bar status-{st}\" fill=\"currentColor\"></rect>\
+             <text x=\"{}\" y=\"{}\" font-size=\"13\">{label}</text>",
+            y + 16,
+            125 + len,
+            y + 16
+        );
+    }
+    p.body.push_str("</svg>");
+    let _ = write!(
+        p.body,
+        "<h2>This node</h2><dl class=\"facts\"><dt>Health</dt><dd id=\"health\"><code>{}</code></dd><dt>Readiness</dt><dd><code>{}</code></dd>\
+         <dt>Shard leases held</dt><dd>{}</dd><dt>Submitted</dt><dd>{}</dd><dt>Claimed by workers</dt><dd>{}</dd><dt>Timers fired</dt><dd>{}</dd>\
+         <dt>Quarantined</dt><dd>{}</dd><dt>Cron missed / skipped</dt><dd>{} / {}</dd>",
+        esc(health.body.as_str().unwrap_or_default().trim()),
+        esc(ready.body.as_str().unwrap_or_default().trim()),
+        metric_sum(&metrics, "kairos_shards_owned"),
+        metric_sum(&metrics, "kairos_submitted_total"),
+        metric_sum(&metrics, "kairos_claimed_total"),
+        metric_sum(&metrics, "kairos_timers_fired_total"),
+        metric_sum(&metrics, "kairos_quarantined_total"),
+        metric_sum(&metrics, "kairos_cron_missed_total"),
+        metric_sum(&metrics, "kairos_cron_skipped_overlap_total"),
+    );
+    for (label, name) in [
+        ("Lateness, due → ready", "kairos_lateness_ready_seconds"),
+        ("Lateness, due → started", "kairos_lateness_start_seconds"),
+    ] {
+        let text = match (quantile(&metrics, name, 0.5), quantile(&metrics, name, 0.99)) {
+            (Some((p50, n)), Some((p99, _))) => format!("p50 {} · p99 {} (of {n}, since the node started)", seconds(p50), seconds(p99)),
+            _ => "no executions yet".into(),
+        };
+        let _ = write!(p.body, "<dt>{label}</dt><dd>{}</dd>", esc(&text));
+    }
+    p.body.push_str("</dl></div>");
+    with_csrf(&c, &s, fresh, c.finish(&s, StatusCode::OK, p))
 }
 
 // ---- schedules ----

@@ -135,10 +135,17 @@ impl Browser {
     }
 
     /// The visible text of the element `css` selects.
+    /// (found again if the page changed under it, as after a click that navigates).
     pub fn text(&self, css: &str) -> String {
-        let e = self.find(css);
-        let v = self.cmd("GET", &format!("/element/{e}/text"), &Value::Null).unwrap_or_default();
-        v.as_str().unwrap_or_default().to_string()
+        let t = Instant::now();
+        loop {
+            let e = self.find(css);
+            match self.cmd("GET", &format!("/element/{e}/text"), &Value::Null) {
+                Ok(v) => return v.as_str().unwrap_or_default().to_string(),
+                Err(err) => assert!(t.elapsed() < Duration::from_secs(10), "text of {css}: {err}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits up to `secs` until the text of `css` satisfies `ok`; the last text seen.

@@ -167,8 +167,8 @@ fn executions_sign_in_search_attempts_and_cancel() {
     sign_in(&b, &c, &c.operator);
     b.fill("#f-key", "console-key-1");
     b.click("form[role=search] button");
-    let table = b.text("#executions");
-    assert!(table.contains(&done) && table.contains("SUCCEEDED"), "{table}");
+    let table = b.wait_text("#executions", 10, |t| t.contains(&done));
+    assert!(table.contains("SUCCEEDED") && table.contains("console-key-1"), "{table}");
     b.screenshot(&shots().join("executions-search.png"));
     b.click(&format!("#executions a[href='/ui/executions/{done}']"));
     let attempts = b.text("#attempts");
@@ -221,6 +221,14 @@ fn executions_sign_in_search_attempts_and_cancel() {
     assert!(health.starts_with("ok node="), "{health}");
     assert!(b.text("main").contains("p99"), "lateness quantiles shown");
     b.screenshot(&shots().join("overview.png"));
+
+    // Definitions with their declared inputs; the audit log needs `admin`, and says so.
+    b.goto(&c.url("/ui/definitions"));
+    let defs = b.text("#definitions");
+    assert!(defs.contains("slow") && defs.contains("greeting"), "{defs}");
+    b.goto(&c.url("/ui/audit"));
+    let refused = b.text("#audit-error");
+    assert!(refused.contains("`admin`"), "{refused}");
 
     // Bad search input: the field is named, and it is a 400, not a 5xx.
     b.goto(&c.url("/ui/executions?status=SLEEPING"));

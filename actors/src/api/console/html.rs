@@ -68,7 +68,8 @@ impl Page {
         if let Some(w) = &self.who {
             h.push_str(
                 "<nav aria-label=\"Console\"><a href=\"/ui/\">Overview</a><a href=\"/ui/executions\">Executions</a>\
-                 <a href=\"/ui/schedules\">Schedules</a></nav>",
+                 <a href=\"/ui/schedules\">Schedules</a><a href=\"/ui/definitions\">Definitions</a>\
+                 <a href=\"/ui/audit\">Audit</a></nav>",
             );
             let _ = write!(
                 h,

@@ -52,6 +52,8 @@ pub fn router(api: Router, secure: bool) -> Router {
         .route("/ui/executions/{id}", get(execution))
         .route("/ui/executions/{id}/cancel", post(cancel))
         .route("/ui/executions/{id}/replay", post(replay))
+        .route("/ui/definitions", get(definitions))
+        .route("/ui/audit", get(audit))
         .route("/ui/schedules", get(schedules).post(create_schedule))
         .route("/ui/schedules/new", get(new_schedule))
         .route("/ui/schedules/preview", get(preview_fragment))
@@ -703,6 +705,79 @@ async fn bulk(State(c): State<Console>, headers: HeaderMap, RawForm(body): RawFo
 
 /// The most executions one bulk action takes (one page of the search).
 const BULK_MAX: usize = 50;
+
+// ---- definitions and the audit log ----
+
+/// The namespace's definitions: name, version, queue and declared inputs.
+async fn definitions(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let (s, who, fresh) = match enter(&c, &headers).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let r = c.call(&s, Method::GET, "/definitions", None).await;
+    let mut p = c.page(&s, Some(&who), "Definitions");
+    p.body.push_str("<h1>Definitions</h1>");
+    if !r.ok() {
+        let _ = write!(p.body, "<p class=\"error\" role=\"alert\">{}</p>", esc(&r.error().1));
+        return with_csrf(&c, &s, fresh, c.finish(&s, r.status, p));
+    }
+    p.body.push_str("<div class=\"table-wrap\"><table id=\"definitions\"><thead><tr><th scope=\"col\">Definition</th><th scope=\"col\">Version</th><th scope=\"col\">Queue</th><th scope=\"col\">Inputs</th><th scope=\"col\">Executions</th></tr></thead><tbody>");
+    let defs = r.body["definitions"].as_array().cloned().unwrap_or_default();
+    if defs.is_empty() {
+        p.body.push_str("<tr><td colspan=\"5\">No definitions.</td></tr>");
+    }
+    for d in &defs {
+        let name = d["name"].as_str().unwrap_or_default();
+        let inputs = match &d["inputs"] {
+            Value::Object(m) if !m.is_empty() => m
+                .iter()
+                .map(|(k, v)| format!("<code>{}</code>: {}", esc(k), esc(&text(v))))
+                .collect::<Vec<_>>()
+                .join("<br>"),
+            _ => "none".into(),
+        };
+        let _ = write!(
+            p.body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{inputs}</td><td><a href=\"/ui/executions?definition={}\">search</a> · <a href=\"/ui/executions?definition={}&amp;status=FAILED\">failed</a></td></tr>",
+            esc(name),
+            esc(&text(&d["version"])),
+            esc(&text(&d["queue"])),
+            url_enc(name),
+            url_enc(name)
+        );
+    }
+    p.body.push_str("</tbody></table></div>");
+    with_csrf(&c, &s, fresh, c.finish(&s, StatusCode::OK, p))
+}
+
+/// The audit log of the namespace (the API's `/audit`, which needs `admin`).
+async fn audit(State(c): State<Console>, headers: HeaderMap) -> Response {
+    let (s, who, fresh) = match enter(&c, &headers).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let r = c.call(&s, Method::GET, "/audit?limit=200", None).await;
+    let mut p = c.page(&s, Some(&who), "Audit log");
+    p.body.push_str("<h1>Audit log</h1>");
+    if !r.ok() {
+        let _ = write!(p.body, "<p class=\"error\" role=\"alert\" id=\"audit-error\">{}</p>", esc(&r.error().1));
+        return with_csrf(&c, &s, fresh, c.finish(&s, r.status, p));
+    }
+    p.body.push_str("<div class=\"table-wrap\" id=\"audit-live\" data-live><table id=\"audit\"><thead><tr><th scope=\"col\">At</th><th scope=\"col\">Who</th><th scope=\"col\">Action</th><th scope=\"col\">Target</th><th scope=\"col\">Detail</th></tr></thead><tbody>");
+    for e in r.body["entries"].as_array().cloned().unwrap_or_default() {
+        let _ = write!(
+            p.body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td></tr>",
+            esc(&text(&e["at"])),
+            esc(&text(&e["who"])),
+            esc(&text(&e["action"])),
+            esc(&text(&e["target"])),
+            esc(&text(&e["detail"]))
+        );
+    }
+    p.body.push_str("</tbody></table></div>");
+    with_csrf(&c, &s, fresh, c.finish(&s, StatusCode::OK, p))
+}
 
 // ---- overview ----
 

@@ -1,6 +1,7 @@
 //! A small W3C WebDriver client for the console's browser tests: headless Chromium driven by
-//! `chromedriver` (Debian's `chromium` and `chromium-driver`), over this crate's HTTP/1.1
-//! client. Only what the tests use: sessions, navigation, elements, scripts, screenshots.
+//! `chromedriver` (Debian's `chromium` and `chromium-driver`), over a minimal HTTP/1.1 client
+//! of its own ([`request`]). Only what the tests use: sessions, navigation, elements, scripts, screenshots.
+#![allow(clippy::disallowed_methods)] // a real browser, real time
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -93,7 +94,8 @@ impl Browser {
 
     /// Opens `url`.
     pub fn goto(&self, url: &str) {
-        self.cmd("POST", "/url", &json!({ "url": url })).unwrap_or_else(|e| panic!("goto {url}: {e}"));
+        self.cmd("POST", "/url", &json!({ "url": url }))
+            .unwrap_or_else(|e| panic!("goto {url}: {e}"));
     }
 
     /// The page's URL.
@@ -103,7 +105,8 @@ impl Browser {
 
     /// The element `css` selects, if there is one now.
     pub fn try_find(&self, css: &str) -> Option<String> {
-        let v = self.cmd("POST", "/element", &json!({"using": "css selector", "value": css})).ok()?;
+        let v =
+            self.cmd("POST", "/element", &json!({"using": "css selector", "value": css})).ok()?;
         v[ELEMENT].as_str().map(str::to_string)
     }
 

@@ -39,7 +39,14 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-fn api(http: u16, key: &str, method: &str, path: &str, extra: &[(&str, &str)], body: &[u8]) -> (u16, Value) {
+fn api(
+    http: u16,
+    key: &str,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Value) {
     let auth = format!("Bearer {key}");
     let mut headers = vec![("Authorization", auth.as_str()), ("Content-Type", "application/json")];
     headers.extend_from_slice(extra);
@@ -102,22 +109,36 @@ impl Cluster {
     }
 
     fn submit(&self, def: &str, key: &str) -> String {
-        let body = json!({"definitionUri": format!("registry://jobs/{def}"), "definitionVersion": 1,
+        let body =
+            json!({"definitionUri": format!("registry://jobs/{def}"), "definitionVersion": 1,
             "inputs": {"greeting": "hello"}, "delayMs": 0})
-        .to_string();
-        let (status, v) =
-            api(self.http, &self.operator, "POST", "/executions", &[("Idempotency-Key", key)], body.as_bytes());
+            .to_string();
+        let (status, v) = api(
+            self.http,
+            &self.operator,
+            "POST",
+            "/executions",
+            &[("Idempotency-Key", key)],
+            body.as_bytes(),
+        );
         assert_eq!(status, 201, "{v}");
         v["executionId"].as_str().unwrap().to_string()
     }
 
     /// Submitted to run in an hour (SCHEDULED meanwhile).
     fn submit_later(&self, def: &str, key: &str) -> String {
-        let body = json!({"definitionUri": format!("registry://jobs/{def}"), "definitionVersion": 1,
+        let body =
+            json!({"definitionUri": format!("registry://jobs/{def}"), "definitionVersion": 1,
             "inputs": {"greeting": "later"}, "delayMs": 3_600_000})
-        .to_string();
-        let (status, v) =
-            api(self.http, &self.operator, "POST", "/executions", &[("Idempotency-Key", key)], body.as_bytes());
+            .to_string();
+        let (status, v) = api(
+            self.http,
+            &self.operator,
+            "POST",
+            "/executions",
+            &[("Idempotency-Key", key)],
+            body.as_bytes(),
+        );
         assert_eq!(status, 201, "{v}");
         v["executionId"].as_str().unwrap().to_string()
     }
@@ -130,7 +151,11 @@ impl Cluster {
     fn wait_status(&self, id: &str, want: &str) {
         let t = Instant::now();
         while self.status(id) != want {
-            assert!(t.elapsed() < Duration::from_secs(60), "{id} never {want}: {}", self.status(id));
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{id} never {want}: {}",
+                self.status(id)
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -191,15 +216,18 @@ fn executions_sign_in_search_attempts_and_cancel() {
     assert_eq!(c.status(&running), "CANCELLED");
     b.screenshot(&shots().join("execution-cancelled.png"));
     // The console's cancel is the API's: audited under the operator's key.
-    let (_, audit) = api(c.http, &c.admin, "GET", "/audit", &[("Kairos-Namespace", "default")], b"");
+    let (_, audit) =
+        api(c.http, &c.admin, "GET", "/audit", &[("Kairos-Namespace", "default")], b"");
     let cancel_audited = audit["entries"].as_array().unwrap().iter().any(|e| {
-        e["action"] == "execution.cancel" && e["target"].as_str().unwrap_or_default().contains(&running)
+        e["action"] == "execution.cancel"
+            && e["target"].as_str().unwrap_or_default().contains(&running)
     });
     assert!(cancel_audited, "the cancel is in the audit log: {audit}");
 
     // Bulk: two waiting an hour, found by their status and definition, cancelled at once
     // after a confirmation that says how many.
-    let later: Vec<String> = (0..2).map(|i| c.submit_later("slow", &format!("console-bulk-{i}"))).collect();
+    let later: Vec<String> =
+        (0..2).map(|i| c.submit_later("slow", &format!("console-bulk-{i}"))).collect();
     b.goto(&c.url("/ui/executions?status=SCHEDULED&definition=slow"));
     let table = b.text("#executions");
     assert!(later.iter().all(|id| table.contains(id)), "{table}");
@@ -241,10 +269,8 @@ fn executions_sign_in_search_attempts_and_cancel() {
     // A phone's width: nothing scrolls sideways but the tables' own boxes.
     b.goto(&c.url("/ui/executions"));
     b.resize(390, 844);
-    let fits = b.run(
-        "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
-        json!([]),
-    );
+    let fits =
+        b.run("return document.documentElement.scrollWidth <= window.innerWidth + 1;", json!([]));
     b.screenshot(&shots().join("executions-phone.png"));
     assert_eq!(fits, json!(true), "the page fits a phone's width");
 }
@@ -280,7 +306,8 @@ fn a_read_key_is_refused_actions() {
     // schedule form with a bad expression is a 400 naming `expression`.
     let cookie = format!("kairos_key={}; kairos_ns=default; kairos_csrf=tok", c.operator);
     let h = [("Cookie", cookie.as_str()), ("Content-Type", "application/x-www-form-urlencoded")];
-    let post = |path: &str, form: &[u8]| webdriver::request(c.http, "POST", path, &h, form).unwrap();
+    let post =
+        |path: &str, form: &[u8]| webdriver::request(c.http, "POST", path, &h, form).unwrap();
     let (status, _) = post(&format!("/ui/executions/{id}/cancel"), b"csrf=other");
     assert_eq!(status, 403);
     assert_ne!(c.status(&id), "CANCELLED");

@@ -98,7 +98,10 @@ mod tests {
 
     #[test]
     fn everything_shown_is_escaped() {
-        assert_eq!(esc("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+        assert_eq!(
+            esc("<a href=\"x\">'&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
         assert_eq!(url_enc("a b/ü?&"), "a%20b%2F%C3%BC%3F%26");
     }
 }

@@ -35,11 +35,13 @@ const BODY_MAX: usize = 32 * 1024 * 1024;
 #[derive(Clone)]
 struct Console {
     api: Router,
+    /// For its clock (how far ahead previews look).
+    node: crate::node::Node,
     secure: bool,
 }
 
 /// The console's routes, calling `api` (the node's HTTP API router) for everything.
-pub fn router(api: Router, secure: bool) -> Router {
+pub fn router(api: Router, node: crate::node::Node, secure: bool) -> Router {
     Router::new()
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
         .route("/ui/", get(overview))
@@ -59,7 +61,7 @@ pub fn router(api: Router, secure: bool) -> Router {
         .route("/ui/schedules/preview", get(preview_fragment))
         .route("/ui/schedules/{id}", get(schedule))
         .route("/ui/schedules/{id}/{action}", post(schedule_action))
-        .with_state(Console { api, secure })
+        .with_state(Console { api, node, secure })
 }
 
 async fn css() -> Response {
@@ -176,16 +178,25 @@ impl Console {
     }
 
     fn page(&self, s: &Session, who: Option<&Who>, title: &str) -> Page {
-        Page::new(title, who.map(|w| html::WhoLine {
-            who: w.who.clone(),
-            namespace: s.namespace.clone(),
-            scopes: w.scopes.join(", "),
-            signed_in: w.auth_on,
-            csrf: s.csrf.clone().unwrap_or_default(),
-        }))
+        Page::new(
+            title,
+            who.map(|w| html::WhoLine {
+                who: w.who.clone(),
+                namespace: s.namespace.clone(),
+                scopes: w.scopes.join(", "),
+                signed_in: w.auth_on,
+                csrf: s.csrf.clone().unwrap_or_default(),
+            }),
+        )
     }
 
-    fn error_page(&self, s: &Session, who: Option<&Who>, status: StatusCode, msg: &str) -> Response {
+    fn error_page(
+        &self,
+        s: &Session,
+        who: Option<&Who>,
+        status: StatusCode,
+        msg: &str,
+    ) -> Response {
         let mut p = self.page(s, who, "Error");
         let _ = write!(
             p.body,
@@ -214,14 +225,15 @@ struct Who {
 
 fn random_token() -> String {
     let mut b = [0u8; 24];
-    // No randomness at all is not a state to serve in: fall back on the clock's nanos mixed
-    // with the address of a stack value (the cookie is SameSite=Strict in any case).
     if getrandom::fill(&mut b).is_err() {
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        b[..16].copy_from_slice(&n.to_le_bytes());
+        // No OS randomness: std's hasher keys (seeded from the OS once per thread) instead;
+        // the cookies are SameSite=Strict in any case.
+        use std::hash::{BuildHasher, Hasher};
+        for chunk in b.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(chunk.as_ptr() as usize);
+            chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
+        }
     }
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -343,7 +355,12 @@ fn login_page(
     let mut p = c.page(s, None, "Sign in");
     p.body.push_str("<h1>Sign in</h1>");
     if let Some((f, m)) = err {
-        let _ = write!(p.body, "<p class=\"error\" role=\"alert\" id=\"form-error\"><strong>{}</strong>: {}</p>", esc(f), esc(m));
+        let _ = write!(
+            p.body,
+            "<p class=\"error\" role=\"alert\" id=\"form-error\"><strong>{}</strong>: {}</p>",
+            esc(f),
+            esc(m)
+        );
     }
     let _ = write!(
         p.body,
@@ -364,12 +381,26 @@ async fn login(State(c): State<Console>, headers: HeaderMap, RawForm(body): RawF
     let blank = Session { key: None, namespace: "default".into(), csrf: None };
     let _ = &headers;
     if key.is_empty() {
-        return login_page(&c, &blank, Some(("apiKey", "is required")), "", &ns, StatusCode::BAD_REQUEST);
+        return login_page(
+            &c,
+            &blank,
+            Some(("apiKey", "is required")),
+            "",
+            &ns,
+            StatusCode::BAD_REQUEST,
+        );
     }
     let probe = Session { key: Some(key.clone()), namespace: "default".into(), csrf: None };
     let r = c.call(&probe, Method::GET, "/whoami", None).await;
     if !r.ok() {
-        return login_page(&c, &blank, Some(("apiKey", &r.error().1)), "", &ns, StatusCode::UNAUTHORIZED);
+        return login_page(
+            &c,
+            &blank,
+            Some(("apiKey", &r.error().1)),
+            "",
+            &ns,
+            StatusCode::UNAUTHORIZED,
+        );
     }
     let key_ns = r.body["namespace"].as_str().unwrap_or("*").to_string();
     if ns.is_empty() {
@@ -431,9 +462,12 @@ async fn executions(
         return Redirect::to(&format!("/ui/executions/{}", url_enc(&id))).into_response();
     }
     let mut uri = String::from("/executions?limit=50");
-    for (n, v) in
-        [("status", &status), ("definition", &definition), ("idempotencyKey", &key), ("cursor", &cursor)]
-    {
+    for (n, v) in [
+        ("status", &status),
+        ("definition", &definition),
+        ("idempotencyKey", &key),
+        ("cursor", &cursor),
+    ] {
         if !v.is_empty() {
             let _ = write!(uri, "&{n}={}", url_enc(v));
         }
@@ -527,14 +561,20 @@ async fn executions(
     with_csrf(&c, &s, fresh, c.finish(&s, code, p))
 }
 
-async fn execution(State(c): State<Console>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn execution(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let (s, who, fresh) = match enter(&c, &headers).await {
         Ok(x) => x,
         Err(r) => return r,
     };
-    let r = c.call(&s, Method::GET, &format!("/executions/{}?attemptsLimit=100", url_enc(&id)), None).await;
+    let r = c
+        .call(&s, Method::GET, &format!("/executions/{}?attemptsLimit=100", url_enc(&id)), None)
+        .await;
     if !r.ok() {
-        let status = if r.status.is_server_error() { r.status } else { r.status };
+        let status = r.status;
         return with_csrf(&c, &s, fresh, c.error_page(&s, Some(&who), status, &r.error().1));
     }
     let e = &r.body;
@@ -554,7 +594,12 @@ async fn execution(State(c): State<Console>, headers: HeaderMap, Path(id): Path<
         esc(&text(&e["executeAt"])),
         esc(&text(&e["idempotencyKey"])),
         match e["cronJobId"].as_str() {
-            Some(j) => format!("<a href=\"/ui/schedules/{}\">{}</a> ({})", url_enc(j), esc(j), esc(&text(&e["cronOccurrence"]))),
+            Some(j) => format!(
+                "<a href=\"/ui/schedules/{}\">{}</a> ({})",
+                url_enc(j),
+                esc(j),
+                esc(&text(&e["cronOccurrence"]))
+            ),
             None => "—".into(),
         },
         esc(&text(&e["createdAt"])),
@@ -562,12 +607,21 @@ async fn execution(State(c): State<Console>, headers: HeaderMap, Path(id): Path<
         esc(&text(&e["traceparent"]))
     );
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
-    let _ = write!(p.body, "<h2>Inputs</h2><pre id=\"inputs\">{}</pre>", esc(&pretty(&e["inputs"])));
+    let _ =
+        write!(p.body, "<h2>Inputs</h2><pre id=\"inputs\">{}</pre>", esc(&pretty(&e["inputs"])));
     if !e["output"].is_null() {
-        let _ = write!(p.body, "<h2>Output</h2><pre id=\"output\">{}</pre>", esc(&pretty(&e["output"])));
+        let _ = write!(
+            p.body,
+            "<h2>Output</h2><pre id=\"output\">{}</pre>",
+            esc(&pretty(&e["output"]))
+        );
     }
     if let Some(err) = e["error"].as_object() {
-        let _ = write!(p.body, "<h2>Error</h2><p class=\"error\">{}</p>", esc(&text(&err.get("message").cloned().unwrap_or_default())));
+        let _ = write!(
+            p.body,
+            "<h2>Error</h2><p class=\"error\">{}</p>",
+            esc(&text(&err.get("message").cloned().unwrap_or_default()))
+        );
     }
     p.body.push_str("<h2>Attempts</h2><div class=\"table-wrap\"><table id=\"attempts\"><thead><tr><th scope=\"col\">#</th><th scope=\"col\">Status</th><th scope=\"col\">Worker</th><th scope=\"col\">Started</th><th scope=\"col\">Ended</th><th scope=\"col\">Error</th></tr></thead><tbody>");
     let attempts = e["attempts"].as_array().cloned().unwrap_or_default();
@@ -682,14 +736,23 @@ async fn bulk(State(c): State<Console>, headers: HeaderMap, RawForm(body): RawFo
         let outcome = if r.ok() {
             ok += 1;
             match r.body["executionId"].as_str() {
-                Some(new) if new != *id => format!("{verb} as <a href=\"/ui/executions/{}\">{}</a>", url_enc(new), esc(new)),
+                Some(new) if new != *id => format!(
+                    "{verb} as <a href=\"/ui/executions/{}\">{}</a>",
+                    url_enc(new),
+                    esc(new)
+                ),
                 _ => format!("{verb} ({})", esc(r.body["status"].as_str().unwrap_or_default())),
             }
         } else {
             failed += 1;
             format!("<span class=\"error\">{}</span>", esc(&r.error().1))
         };
-        let _ = write!(rows, "<tr><td><a href=\"/ui/executions/{}\"><code>{}</code></a></td><td>{outcome}</td></tr>", url_enc(id), esc(id));
+        let _ = write!(
+            rows,
+            "<tr><td><a href=\"/ui/executions/{}\"><code>{}</code></a></td><td>{outcome}</td></tr>",
+            url_enc(id),
+            esc(id)
+        );
     }
     let mut p = c.page(&s, Some(&who), "Bulk action");
     let _ = write!(
@@ -760,7 +823,11 @@ async fn audit(State(c): State<Console>, headers: HeaderMap) -> Response {
     let mut p = c.page(&s, Some(&who), "Audit log");
     p.body.push_str("<h1>Audit log</h1>");
     if !r.ok() {
-        let _ = write!(p.body, "<p class=\"error\" role=\"alert\" id=\"audit-error\">{}</p>", esc(&r.error().1));
+        let _ = write!(
+            p.body,
+            "<p class=\"error\" role=\"alert\" id=\"audit-error\">{}</p>",
+            esc(&r.error().1)
+        );
         return with_csrf(&c, &s, fresh, c.finish(&s, r.status, p));
     }
     p.body.push_str("<div class=\"table-wrap\" id=\"audit-live\" data-live><table id=\"audit\"><thead><tr><th scope=\"col\">At</th><th scope=\"col\">Who</th><th scope=\"col\">Action</th><th scope=\"col\">Target</th><th scope=\"col\">Detail</th></tr></thead><tbody>");
@@ -899,7 +966,11 @@ async fn overview(State(c): State<Console>, headers: HeaderMap) -> Response {
         ("Lateness, due → started", "kairos_lateness_start_seconds"),
     ] {
         let text = match (quantile(&metrics, name, 0.5), quantile(&metrics, name, 0.99)) {
-            (Some((p50, n)), Some((p99, _))) => format!("p50 {} · p99 {} (of {n}, since the node started)", seconds(p50), seconds(p99)),
+            (Some((p50, n)), Some((p99, _))) => format!(
+                "p50 {} · p99 {} (of {n}, since the node started)",
+                seconds(p50),
+                seconds(p99)
+            ),
             _ => "no executions yet".into(),
         };
         let _ = write!(p.body, "<dt>{label}</dt><dd>{}</dd>", esc(&text));
@@ -915,12 +986,16 @@ const PREVIEW_AHEAD_MS: i64 = 5 * 366 * 86_400_000;
 
 /// The occurrences of an expression as a table: each in the zone and in UTC, with the ones
 /// whose UTC offset differs from the one before marked as across a DST change.
-async fn occurrences_table(c: &Console, s: &Session, expression: &str, timezone: &str, n: u32) -> String {
+async fn occurrences_table(
+    c: &Console,
+    s: &Session,
+    expression: &str,
+    timezone: &str,
+    n: u32,
+) -> String {
     // The API's preview looks a week ahead by default: look years ahead, so that a monthly or
     // yearly schedule shows its next occurrences too.
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now_ms = c.node.scheduler().clock().now().as_millis();
     let until = crate::api::json::rfc3339(now_ms + PREVIEW_AHEAD_MS).unwrap_or_default();
     let uri = format!(
         "/cron-preview?expression={}&timezone={}&limit={n}&until={}",
@@ -937,7 +1012,9 @@ async fn occurrences_table(c: &Console, s: &Session, expression: &str, timezone:
             esc(&m)
         );
     }
-    let mut out = String::from("<table class=\"occurrences\"><thead><tr><th scope=\"col\">In the schedule's zone</th><th scope=\"col\">UTC</th><th scope=\"col\"></th></tr></thead><tbody>");
+    let mut out = String::from(
+        "<table class=\"occurrences\"><thead><tr><th scope=\"col\">In the schedule's zone</th><th scope=\"col\">UTC</th><th scope=\"col\"></th></tr></thead><tbody>",
+    );
     let mut prev_offset: Option<String> = None;
     for o in r.body["occurrences"].as_array().cloned().unwrap_or_default() {
         let local = o["local"].as_str().unwrap_or_default();
@@ -949,7 +1026,11 @@ async fn occurrences_table(c: &Console, s: &Session, expression: &str, timezone:
             esc(local),
             esc(o["utc"].as_str().unwrap_or_default()),
             if dst {
-                format!("<span class=\"dst\">DST change: offset {} → {}</span>", esc(prev_offset.as_deref().unwrap_or_default()), esc(&offset))
+                format!(
+                    "<span class=\"dst\">DST change: offset {} → {}</span>",
+                    esc(prev_offset.as_deref().unwrap_or_default()),
+                    esc(&offset)
+                )
             } else {
                 String::new()
             }
@@ -980,7 +1061,8 @@ async fn schedules(State(c): State<Console>, headers: HeaderMap) -> Response {
     let mut p = c.page(&s, Some(&who), "Schedules");
     p.body.push_str("<h1>Schedules</h1>");
     if who.can_act {
-        p.body.push_str("<p><a href=\"/ui/schedules/new\" id=\"new-schedule\">New schedule</a></p>");
+        p.body
+            .push_str("<p><a href=\"/ui/schedules/new\" id=\"new-schedule\">New schedule</a></p>");
     }
     if !r.ok() {
         let _ = write!(p.body, "<p class=\"error\" role=\"alert\">{}</p>", esc(&r.error().1));
@@ -1047,11 +1129,20 @@ async fn schedule_form(
     let mut p = c.page(s, Some(who), "New schedule");
     p.body.push_str("<h1>New schedule</h1>");
     if let Some((fl, m)) = &err {
-        let _ = write!(p.body, "<p class=\"error\" role=\"alert\" id=\"form-error\"><strong>{}</strong>: {}</p>", esc(fl), esc(m));
+        let _ = write!(
+            p.body,
+            "<p class=\"error\" role=\"alert\" id=\"form-error\"><strong>{}</strong>: {}</p>",
+            esc(fl),
+            esc(m)
+        );
     }
     let v = |n: &str| esc(field(f, n));
     let tz = if field(f, "timezone").is_empty() { "UTC".to_string() } else { v("timezone") };
-    let version = if field(f, "definitionVersion").is_empty() { "1".to_string() } else { v("definitionVersion") };
+    let version = if field(f, "definitionVersion").is_empty() {
+        "1".to_string()
+    } else {
+        v("definitionVersion")
+    };
     let inputs = if field(f, "inputs").is_empty() { "{}".to_string() } else { v("inputs") };
     let _ = write!(
         p.body,
@@ -1074,15 +1165,22 @@ async fn schedule_form(
         inputs
     );
     if !field(f, "expression").is_empty() {
-        p.body.push_str(&occurrences_table(c, s, field(f, "expression"), field(f, "timezone"), 5).await);
+        p.body.push_str(
+            &occurrences_table(c, s, field(f, "expression"), field(f, "timezone"), 5).await,
+        );
     } else {
-        p.body.push_str("<p class=\"readonly\">Type an expression to see its next occurrences.</p>");
+        p.body
+            .push_str("<p class=\"readonly\">Type an expression to see its next occurrences.</p>");
     }
     p.body.push_str("</div>");
     c.finish(s, status, p)
 }
 
-async fn create_schedule(State(c): State<Console>, headers: HeaderMap, RawForm(body): RawForm) -> Response {
+async fn create_schedule(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    RawForm(body): RawForm,
+) -> Response {
     let (s, who, f) = match enter_post(&c, &headers, &body).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -1090,13 +1188,17 @@ async fn create_schedule(State(c): State<Console>, headers: HeaderMap, RawForm(b
     let bad = |fl: &str, m: &str| Some((fl.to_string(), m.to_string()));
     let version = match field(&f, "definitionVersion") {
         "" => Ok(1),
-        v => v.parse::<u32>().map_err(|_| bad("definitionVersion", "must be a whole number from 1")),
+        v => {
+            v.parse::<u32>().map_err(|_| bad("definitionVersion", "must be a whole number from 1"))
+        }
     };
     let inputs = match field(&f, "inputs") {
         "" => Ok(json!({})),
         t => serde_json::from_str::<Value>(t)
             .map_err(|e| bad("inputs", &format!("is not JSON: {e}")))
-            .and_then(|v| if v.is_object() { Ok(v) } else { Err(bad("inputs", "must be a JSON object")) }),
+            .and_then(|v| {
+                if v.is_object() { Ok(v) } else { Err(bad("inputs", "must be a JSON object")) }
+            }),
     };
     let (version, inputs) = match (version, inputs) {
         (Ok(v), Ok(i)) => (v, i),
@@ -1117,14 +1219,26 @@ async fn create_schedule(State(c): State<Console>, headers: HeaderMap, RawForm(b
     let r = c.call(&s, Method::POST, "/cron-jobs", Some(b)).await;
     if !r.ok() {
         let (fl, m) = r.error();
-        let status = if r.status.is_server_error() { r.status } else { r.status };
-        return schedule_form(&c, &s, &who, &f, Some((fl.unwrap_or_else(|| "form".into()), m)), status).await;
+        let status = r.status;
+        return schedule_form(
+            &c,
+            &s,
+            &who,
+            &f,
+            Some((fl.unwrap_or_else(|| "form".into()), m)),
+            status,
+        )
+        .await;
     }
     let id = r.body["cronJobId"].as_str().unwrap_or_default().to_string();
     Redirect::to(&format!("/ui/schedules/{}", url_enc(&id))).into_response()
 }
 
-async fn schedule(State(c): State<Console>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn schedule(
+    State(c): State<Console>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let (s, who, fresh) = match enter(&c, &headers).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -1154,7 +1268,14 @@ async fn schedule(State(c): State<Console>, headers: HeaderMap, Path(id): Path<S
     );
     p.body.push_str("<h2>Next 5 occurrences</h2><div id=\"occurrences\">");
     p.body.push_str(
-        &occurrences_table(&c, &s, j["expression"].as_str().unwrap_or_default(), j["timezone"].as_str().unwrap_or("UTC"), 5).await,
+        &occurrences_table(
+            &c,
+            &s,
+            j["expression"].as_str().unwrap_or_default(),
+            j["timezone"].as_str().unwrap_or("UTC"),
+            5,
+        )
+        .await,
     );
     p.body.push_str("</div>");
     if who.can_act {
@@ -1162,19 +1283,36 @@ async fn schedule(State(c): State<Console>, headers: HeaderMap, Path(id): Path<S
         let idu = url_enc(&id);
         p.body.push_str("<div class=\"actions\">");
         if status == "PAUSED" {
-            let _ = write!(p.body, "<form method=\"post\" action=\"/ui/schedules/{idu}/resume\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><label class=\"check\"><input type=\"checkbox\" name=\"catchUp\" value=\"true\">catch up</label><button id=\"resume\" type=\"submit\">Resume</button></form>");
+            let _ = write!(
+                p.body,
+                "<form method=\"post\" action=\"/ui/schedules/{idu}/resume\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><label class=\"check\"><input type=\"checkbox\" name=\"catchUp\" value=\"true\">catch up</label><button id=\"resume\" type=\"submit\">Resume</button></form>"
+            );
         } else {
-            let _ = write!(p.body, "<form method=\"post\" action=\"/ui/schedules/{idu}/pause\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><label for=\"reason\">Reason<input id=\"reason\" name=\"reason\" placeholder=\"why (kept in the notes)\"></label><button id=\"pause\" type=\"submit\">Pause</button></form>");
+            let _ = write!(
+                p.body,
+                "<form method=\"post\" action=\"/ui/schedules/{idu}/pause\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><label for=\"reason\">Reason<input id=\"reason\" name=\"reason\" placeholder=\"why (kept in the notes)\"></label><button id=\"pause\" type=\"submit\">Pause</button></form>"
+            );
         }
-        let _ = write!(p.body, "<form method=\"post\" action=\"/ui/schedules/{idu}/trigger\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><button class=\"secondary\" id=\"trigger\" type=\"submit\">Trigger now</button></form>");
-        let _ = write!(p.body, "<form method=\"post\" action=\"/ui/schedules/{idu}/delete\" data-confirm=\"Delete this schedule?\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><button class=\"danger\" id=\"delete\" type=\"submit\">Delete</button></form>");
+        let _ = write!(
+            p.body,
+            "<form method=\"post\" action=\"/ui/schedules/{idu}/trigger\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><button class=\"secondary\" id=\"trigger\" type=\"submit\">Trigger now</button></form>"
+        );
+        let _ = write!(
+            p.body,
+            "<form method=\"post\" action=\"/ui/schedules/{idu}/delete\" data-confirm=\"Delete this schedule?\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><button class=\"danger\" id=\"delete\" type=\"submit\">Delete</button></form>"
+        );
         p.body.push_str("</div>");
     } else {
         p.body.push_str("<p class=\"readonly\" id=\"read-only\">Read-only: this key has no <code>submit</code> scope.</p>");
     }
-    let runs = c.call(&s, Method::GET, &format!("/cron-jobs/{}/runs?limit=20", url_enc(&id)), None).await;
+    let runs =
+        c.call(&s, Method::GET, &format!("/cron-jobs/{}/runs?limit=20", url_enc(&id)), None).await;
     p.body.push_str("<h2>Last runs</h2><div class=\"table-wrap\" id=\"runs-live\" data-live><table id=\"runs\"><thead><tr><th scope=\"col\">Occurrence</th><th scope=\"col\">Execution</th><th scope=\"col\">Status</th></tr></thead><tbody>");
-    let list = runs.body["runs"].as_array().or_else(|| runs.body["executions"].as_array()).cloned().unwrap_or_default();
+    let list = runs.body["runs"]
+        .as_array()
+        .or_else(|| runs.body["executions"].as_array())
+        .cloned()
+        .unwrap_or_default();
     if list.is_empty() {
         p.body.push_str("<tr><td colspan=\"3\">No runs yet.</td></tr>");
     }
@@ -1210,14 +1348,26 @@ async fn schedule_action(
             let reason = field(&f, "reason");
             if r.ok() && !reason.is_empty() {
                 // The API's pause takes no reason: it is kept in the schedule's notes.
-                c.call(&s, Method::PATCH, &base, Some(json!({ "notes": format!("paused: {reason}") }))).await
+                c.call(
+                    &s,
+                    Method::PATCH,
+                    &base,
+                    Some(json!({ "notes": format!("paused: {reason}") })),
+                )
+                .await
             } else {
                 r
             }
         }
         "resume" => {
             let catch_up = field(&f, "catchUp") == "true";
-            c.call(&s, Method::POST, &format!("{base}/resume"), Some(json!({ "catchUp": catch_up }))).await
+            c.call(
+                &s,
+                Method::POST,
+                &format!("{base}/resume"),
+                Some(json!({ "catchUp": catch_up })),
+            )
+            .await
         }
         "trigger" => c.call(&s, Method::POST, &format!("{base}/trigger"), None).await,
         "delete" => {
@@ -1228,7 +1378,12 @@ async fn schedule_action(
             r
         }
         other => {
-            return c.error_page(&s, Some(&who), StatusCode::NOT_FOUND, &format!("no schedule action {other:?}"));
+            return c.error_page(
+                &s,
+                Some(&who),
+                StatusCode::NOT_FOUND,
+                &format!("no schedule action {other:?}"),
+            );
         }
     };
     if !r.ok() {

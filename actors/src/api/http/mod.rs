@@ -413,8 +413,8 @@ pub fn router(node: Node) -> Router {
 
 /// [`router`], the console's cookies `Secure` when `tls` (the listener serves TLS).
 pub fn router_with(node: Node, tls: bool) -> Router {
-    let api = api_router(node);
-    api.clone().merge(super::console::router(api, tls))
+    let api = api_router(node.clone());
+    api.clone().merge(super::console::router(api, node, tls))
 }
 
 /// The API's routes alone.

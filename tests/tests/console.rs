@@ -363,6 +363,18 @@ fn schedules_preview_across_dst_create_and_pause() {
     b.screenshot(&shots().join("schedule-paused.png"));
     b.click("#resume");
     b.wait_text("#schedule-status", 10, |t| !t.contains("PAUSED"));
+    // Backfill: a bad time is named; a past range submits its occurrences.
+    b.fill("#from", "last tuesday");
+    b.click("#backfill");
+    let err = b.wait_text("main", 10, |t| t.contains("Bad Request"));
+    assert!(err.contains("from"), "{err}");
+    b.goto(&c.url("/ui/schedules/monthly-report"));
+    b.fill("#from", "2026-09-15T00:00:00Z");
+    b.fill("#until", "2026-12-02T00:00:00Z");
+    b.click("#backfill");
+    let done = b.wait_text("#backfill-result", 20, |t| !t.is_empty());
+    assert!(done.starts_with("3 occurrences"), "October, November, December 1st: {done}");
+    b.goto(&c.url("/ui/schedules/monthly-report"));
     // Trigger now: a run appears in its last runs (live), and the worker runs it.
     b.click("#trigger");
     let runs = b.wait_text("#runs", 30, |t| t.contains("SUCCEEDED"));

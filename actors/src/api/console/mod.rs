@@ -1295,6 +1295,13 @@ async fn schedule(
         }
         let _ = write!(
             p.body,
+            "<form method=\"post\" action=\"/ui/schedules/{idu}/backfill\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\">\
+             <label for=\"from\">Backfill from<input id=\"from\" name=\"from\" placeholder=\"2026-11-01T00:00:00Z\"></label>\
+             <label for=\"until\">until<input id=\"until\" name=\"until\" placeholder=\"2026-12-01T00:00:00Z\"></label>\
+             <button class=\"secondary\" id=\"backfill\" type=\"submit\">Backfill</button></form>"
+        );
+        let _ = write!(
+            p.body,
             "<form method=\"post\" action=\"/ui/schedules/{idu}/trigger\"><input type=\"hidden\" name=\"csrf\" value=\"{t}\"><button class=\"secondary\" id=\"trigger\" type=\"submit\">Trigger now</button></form>"
         );
         let _ = write!(
@@ -1370,6 +1377,27 @@ async fn schedule_action(
             .await
         }
         "trigger" => c.call(&s, Method::POST, &format!("{base}/trigger"), None).await,
+        "backfill" => {
+            let b = json!({ "from": field(&f, "from"), "until": field(&f, "until") });
+            let r = c.call(&s, Method::POST, &format!("{base}/backfill"), Some(b)).await;
+            if r.ok() {
+                let occ: Vec<String> = r.body["occurrences"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_str().map(esc)).collect())
+                    .unwrap_or_default();
+                let mut p = c.page(&s, Some(&who), "Backfill");
+                let _ = write!(
+                    p.body,
+                    "<h1>Backfill of <a href=\"/ui/schedules/{}\">{}</a></h1><p role=\"status\" id=\"backfill-result\">{} occurrences submitted.</p><ul>{}</ul>",
+                    url_enc(&id),
+                    esc(&id),
+                    occ.len(),
+                    occ.iter().map(|o| format!("<li>{o}</li>")).collect::<String>()
+                );
+                return c.finish(&s, StatusCode::OK, p);
+            }
+            r
+        }
         "delete" => {
             let r = c.call(&s, Method::DELETE, &base, None).await;
             if r.ok() {
@@ -1387,7 +1415,12 @@ async fn schedule_action(
         }
     };
     if !r.ok() {
-        return c.error_page(&s, Some(&who), r.status, &r.error().1);
+        let (fl, m) = r.error();
+        let msg = match fl {
+            Some(fl) if !m.starts_with(&fl) => format!("{fl}: {m}"),
+            _ => m,
+        };
+        return c.error_page(&s, Some(&who), r.status, &msg);
     }
     Redirect::to(&format!("/ui/schedules/{}", url_enc(&id))).into_response()
 }

@@ -7,8 +7,8 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde_json::Value;
 
+use super::core::*;
 use super::html::{esc, url_enc};
-use super::*;
 
 pub(super) async fn executions(
     State(c): State<Console>,

@@ -7,8 +7,8 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 
+use super::core::*;
 use super::html::{esc, url_enc};
-use super::*;
 
 /// The namespace's definitions: name, version, queue and declared inputs.
 pub(super) async fn definitions(State(c): State<Console>, headers: HeaderMap) -> Response {

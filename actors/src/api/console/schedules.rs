@@ -4,12 +4,12 @@
 use std::fmt::Write as _;
 
 use axum::extract::{Path, Query, RawForm, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde_json::{Value, json};
 
+use super::core::*;
 use super::html::{esc, url_enc};
-use super::*;
 
 /// How far ahead previews look for occurrences (five years).
 const PREVIEW_AHEAD_MS: i64 = 5 * 366 * 86_400_000;

@@ -82,3 +82,9 @@ pub const GRPC_KEEPALIVE_TIMEOUT_MS: u64 = 20_000;
 /// shortest attempt lease (1 s), so a worker heartbeating at a third of its lease is never
 /// timed out by a node whose clock runs ahead.
 pub const CLOCK_SKEW_MAX_MS: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
+
+// The web console (`api::console`).
+/// Largest API reply the console reads (an execution's output is capped far below this).
+pub const CONSOLE_API_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// Most executions one bulk cancel / replay takes (a page of the search).
+pub const CONSOLE_BULK_MAX: usize = 50;

@@ -1,7 +1,8 @@
 //! End-to-end tests that start real `kairos` processes; see `tests/tests/`. What they share:
 //! a minimal HTTP/1.1 client for the node's HTTP API, a single `kairos dev` node ([`dev`]),
 //! certificates for the TLS tests ([`pki`]), and a real cluster in network namespaces for the
-//! cluster tests ([`cluster`]).
+//! cluster tests ([`cluster`]), and a WebDriver client for the console's browser tests
+//! ([`webdriver`]).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 pub mod cluster;
 pub mod dev;
+pub mod webdriver;
 
 /// One HTTP/1.1 request on its own connection to 127.0.0.1:`port`: `(status, body)`; a chunked
 /// body is reduced to its JSON part.

@@ -3,6 +3,7 @@
 //!
 //! [`Node`]: crate::node::Node
 
+pub mod console;
 pub mod convert;
 pub mod errors;
 pub mod grpc;

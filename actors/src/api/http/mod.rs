@@ -405,8 +405,20 @@ async fn json_errors(resp: Response) -> Response {
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
-/// The routes of the node's HTTP endpoint.
+/// The routes of the node's HTTP endpoint: the API and the web console at `/ui/`
+/// ([`super::console`], which calls the API in-process), with cookies not marked `Secure`.
 pub fn router(node: Node) -> Router {
+    router_with(node, false)
+}
+
+/// [`router`], the console's cookies `Secure` when `tls` (the listener serves TLS).
+pub fn router_with(node: Node, tls: bool) -> Router {
+    let api = api_router(node.clone());
+    api.clone().merge(super::console::router(api, node, tls))
+}
+
+/// The API's routes alone.
+fn api_router(node: Node) -> Router {
     Router::new()
         .route("/executions", get(list).post(submit))
         .route("/executions/{id}", get(get_execution).delete(cancel))
@@ -459,7 +471,7 @@ pub fn serve_listener(
     let limits = ConnLimits::of(node.config());
     let header_timeout = Duration::from_millis(node.config().http_header_timeout_ms);
     let admitted = conns::accept(listener, Gate::new("http", limits));
-    let app = router(node);
+    let app = router_with(node, tls.is_some());
     let task = match tls {
         None => tokio::spawn(conns::serve_http(admitted, app, header_timeout, shutdown)),
         Some(tls) => {

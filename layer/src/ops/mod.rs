@@ -37,6 +37,7 @@ pub(crate) mod migrate;
 pub mod orphans;
 pub mod prefire;
 pub mod query;
+pub mod queues;
 pub mod records;
 pub mod retention;
 pub mod retry;

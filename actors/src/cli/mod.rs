@@ -5,6 +5,7 @@
 //! kairos serve  [flags]   a node as configured (file, KAIROS_* env, flags)
 //! kairos check  [flags]   checks a stopped node's store (engine pages, then every record)
 //! kairos admin-key [flags] a new admin key of every namespace, on a stopped node (recovery)
+//! kairos migrate [--dry-run] upgrades a stopped node's store to this binary's keyspace format
 //! kairos worker --queue Q runs the generic executors for one queue
 //! kairos completions SHELL
 //! ```
@@ -19,6 +20,7 @@ mod admin_key;
 pub mod check;
 mod files;
 mod marker;
+mod migrate;
 mod serve;
 mod signal;
 
@@ -59,6 +61,9 @@ enum Command {
     /// On a stopped node: creates a new admin key of every namespace and writes its token to
     /// DIR/admin-key (recovers administration, e.g. after the last admin key was lost).
     AdminKey(CheckArgs),
+    /// On a stopped node: upgrades the store to this binary's keyspace format (an embedded
+    /// store is copied to DIR/backups/ first); `--dry-run` says what would run.
+    Migrate(MigrateArgs),
     /// Runs the generic executors (`command` and `http` definitions) for one queue.
     Worker(WorkerArgs),
     /// Prints a shell completion script, e.g. `kairos completions bash`.
@@ -187,6 +192,15 @@ struct CheckArgs {
 }
 
 #[derive(Debug, Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    store: CheckArgs,
+    /// Say what would run, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, Args)]
 struct WorkerArgs {
     /// The queue to serve (letters, digits and -_.:/@, as the node requires).
     #[arg(long, value_parser = |q: &str| name("queue", q))]
@@ -305,6 +319,10 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::AdminKey(a) => {
             let config = store_config(&a)?;
             runtime()?.block_on(admin_key::run(&config))
+        }
+        Command::Migrate(a) => {
+            let config = store_config(&a.store)?;
+            runtime()?.block_on(migrate::run(&config, a.dry_run))
         }
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {

@@ -151,7 +151,7 @@ async fn run_step(
 }
 
 /// The status index revision this binary writes.
-pub(crate) const STATUS_INDEX: u32 = 2;
+pub const STATUS_INDEX: u32 = 2;
 
 /// Status index entries one migration transaction clears, at most.
 pub(crate) const MIGRATION_CHUNK_ROWS: usize = 10_000;

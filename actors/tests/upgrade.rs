@@ -112,8 +112,16 @@ async fn a_format_2_store_is_planned_backed_up_and_upgraded_and_a_newer_one_is_r
 
     let check = kairos(&["check", "--data-dir", data]);
     assert!(check.status.success(), "{}", text(&check));
-    // The records are kept: the API key written before the upgrade is there.
-    let db = open(&path);
+    assert_kept(&path, &key_id).await;
+
+    let again = kairos(&["migrate", "--data-dir", data]);
+    assert!(text(&again).contains("nothing to run: the store is current"), "{}", text(&again));
+    assert_newer_refused(&path, data).await;
+}
+
+/// The records are kept: the API key written before the upgrade is there.
+async fn assert_kept(path: &Path, key_id: &str) {
+    let db = open(path);
     let clock: SharedClock = Arc::new(SystemClock::default());
     let params = ClusterParams { shard_count: 4, bucket_width_ms: 1_000, ready_partitions: 2 };
     let sched =
@@ -123,13 +131,11 @@ async fn a_format_2_store_is_planned_backed_up_and_upgraded_and_a_newer_one_is_r
     let keys = sched.list_api_keys(None).await.unwrap();
     assert!(keys.iter().any(|k| k.id == key_id), "{keys:?}");
     db.close().await;
-    drop((db, sched));
+}
 
-    let again = kairos(&["migrate", "--data-dir", data]);
-    assert!(text(&again).contains("nothing to run: the store is current"), "{}", text(&again));
-
-    // A store of a newer format: a downgrade, refused naming both formats, by migrate and node.
-    set_config(&path, |c| c.format_version = FORMAT_VERSION + 1).await;
+/// A store of a newer format: a downgrade, refused naming both formats, by migrate and node.
+async fn assert_newer_refused(path: &Path, data: &str) {
+    set_config(path, |c| c.format_version = FORMAT_VERSION + 1).await;
     for args in [
         vec!["migrate", "--data-dir", data],
         vec![
@@ -148,5 +154,5 @@ async fn a_format_2_store_is_planned_backed_up_and_upgraded_and_a_newer_one_is_r
         assert!(said.contains("format 4, newer than this binary's format 3"), "{args:?}: {said}");
         assert!(said.contains("downgrade is refused"), "{args:?}: {said}");
     }
-    assert_eq!(config_of(&path).await.format_version, 4, "a refused store is left as it is");
+    assert_eq!(config_of(path).await.format_version, 4, "a refused store is left as it is");
 }

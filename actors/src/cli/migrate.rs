@@ -17,7 +17,6 @@ use kairos_layer::kv::embedded::{EmbeddedDatabase, EmbeddedOptions, VerifyAtOpen
 use kairos_layer::ops::migrate::{FORMAT_VERSION, Plan, pending};
 use kairos_layer::ops::{ClusterParams, Scheduler};
 
-use super::serve::{display_dir, open_database};
 use crate::server::config::{Backend, NodeConfig};
 
 /// The folder of the copies taken before upgrades, in the data directory.
@@ -86,7 +85,8 @@ fn copy_store(config: &NodeConfig, path: &Path, plan: &Plan) -> anyhow::Result<P
 /// Returns the backup's folder when one was taken.
 pub(super) async fn before_open(config: &NodeConfig) -> anyhow::Result<Option<PathBuf>> {
     let path = config.data_dir.join("kv.redb");
-    if config.backend != Backend::Embedded || config.new_store || !path.exists() {
+    let empty = std::fs::metadata(&path).map_or(true, |m| m.len() == 0);
+    if config.backend != Backend::Embedded || config.new_store || empty {
         return Ok(None);
     }
     let clock: SharedClock = Arc::new(SystemClock::default());
@@ -103,61 +103,37 @@ pub(super) async fn before_open(config: &NodeConfig) -> anyhow::Result<Option<Pa
 }
 
 /// `kairos migrate [--dry-run]`: on a stopped node, says what the store needs and (without
-/// `--dry-run`) copies it aside (embedded) and runs the steps.
-pub(super) async fn run(config: &NodeConfig, dry_run: bool) -> anyhow::Result<()> {
+/// `--dry-run`) copies it aside (embedded) and runs the steps. `shared` is the database of a
+/// shared backend (PostgreSQL, FoundationDB), opened by the caller; `None` for embedded.
+pub(super) async fn run(
+    config: &NodeConfig,
+    dry_run: bool,
+    shared: Option<Database>,
+) -> anyhow::Result<()> {
     let clock: SharedClock = Arc::new(SystemClock::default());
     let rng = Rng::from_entropy();
     let path = config.data_dir.join("kv.redb");
-    let db = match config.backend {
-        Backend::Memory => bail!("backend memory keeps nothing between runs: nothing to migrate"),
-        Backend::Embedded => {
-            if !path.exists() {
-                bail!(
-                    "no store in {} (kv.redb): nothing to migrate",
-                    display_dir(&config.data_dir)
-                );
+    let db = match (config.backend, shared) {
+        (Backend::Memory, _) => {
+            bail!("backend memory keeps nothing between runs: nothing to migrate")
+        }
+        (Backend::Embedded, _) => {
+            if std::fs::metadata(&path).map_or(true, |m| m.len() == 0) {
+                bail!("no store in {} (kv.redb): nothing to migrate", config.data_dir.display());
             }
             open_for_plan(&path, clock.clone(), rng.fork()).context(
                 "is the node stopped? The embedded store is used by one process at a time",
             )?
         }
-        _ => open_database(config, clock.clone(), rng.fork()).await?.0,
+        (_, Some(db)) => db,
+        (backend, None) => bail!("backend {backend:?}: no database to migrate"),
     };
-    let plan = plan_of(&db, config).await;
-    let plan = match plan {
-        Ok(Some(p)) => p,
-        Ok(None) => {
-            db.close().await;
-            bail!("no cluster {:?} in the store: nothing to migrate", config.cluster);
-        }
-        Err(e) => {
-            db.close().await;
-            return Err(e);
-        }
-    };
-    println!(
-        "kairos migrate: the store holds keyspace format {}; this binary's is {FORMAT_VERSION}",
-        plan.format
-    );
-    if plan.is_empty() {
-        db.close().await;
-        println!("nothing to run: the store is current");
-        return Ok(());
-    }
-    let verb = if dry_run { "would run" } else { "runs" };
-    for line in describe(&plan) {
-        println!("  {verb}: {line}");
-    }
-    if dry_run {
-        db.close().await;
-        println!("dry run: nothing was changed");
-        return Ok(());
-    }
+    let Some(plan) = say_plan(&db, config, dry_run).await? else { return Ok(()) };
     let db = if config.backend == Backend::Embedded {
         db.close().await;
         drop(db);
         let dir = copy_store(config, &path, &plan)?;
-        println!("backup: the store as it was is in {}", display_dir(&dir));
+        println!("backup: the store as it was is in {}", dir.display());
         open_for_plan(&path, clock.clone(), rng.fork())?
     } else {
         println!(
@@ -177,4 +153,43 @@ pub(super) async fn run(config: &NodeConfig, dry_run: bool) -> anyhow::Result<()
     let sched = opened.context("migrating")?;
     println!("done: the store holds keyspace format {}", sched.config().format_version);
     Ok(())
+}
+
+/// Prints the store's plan; the plan when there is something to run and this is no dry run
+/// (else `None`, `db` closed).
+async fn say_plan(
+    db: &Database,
+    config: &NodeConfig,
+    dry_run: bool,
+) -> anyhow::Result<Option<Plan>> {
+    let plan = match plan_of(db, config).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            db.close().await;
+            bail!("no cluster {:?} in the store: nothing to migrate", config.cluster);
+        }
+        Err(e) => {
+            db.close().await;
+            return Err(e);
+        }
+    };
+    println!(
+        "kairos migrate: the store holds keyspace format {}; this binary's is {FORMAT_VERSION}",
+        plan.format
+    );
+    if plan.is_empty() {
+        db.close().await;
+        println!("nothing to run: the store is current");
+        return Ok(None);
+    }
+    let verb = if dry_run { "would run" } else { "runs" };
+    for line in describe(&plan) {
+        println!("  {verb}: {line}");
+    }
+    if dry_run {
+        db.close().await;
+        println!("dry run: nothing was changed");
+        return Ok(None);
+    }
+    Ok(Some(plan))
 }

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::server::auth::AuthMode;
-use crate::server::config::NodeConfig;
+use crate::server::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
@@ -322,7 +322,13 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         }
         Command::Migrate(a) => {
             let config = store_config(&a.store)?;
-            runtime()?.block_on(migrate::run(&config, a.dry_run))
+            runtime()?.block_on(async {
+                let shared = match config.backend {
+                    Backend::Embedded | Backend::Memory => None,
+                    _ => Some(shared_database(&config).await?),
+                };
+                migrate::run(&config, a.dry_run, shared).await
+            })
         }
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {
@@ -339,6 +345,14 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// The database of a shared backend (PostgreSQL, FoundationDB) for `kairos migrate`.
+async fn shared_database(config: &NodeConfig) -> anyhow::Result<kairos_layer::kv::Database> {
+    let clock: kairos_layer::env::SharedClock =
+        std::sync::Arc::new(kairos_layer::env::SystemClock::default());
+    let rng = kairos_layer::env::Rng::from_entropy();
+    Ok(serve::open_database(config, clock, rng).await?.0)
 }
 
 /// The settings of a command on a stopped node's store (`check`, `admin-key`).

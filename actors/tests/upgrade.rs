@@ -156,3 +156,36 @@ async fn assert_newer_refused(path: &Path, data: &str) {
     }
     assert_eq!(config_of(path).await.format_version, 4, "a refused store is left as it is");
 }
+
+/// A node started on a format 2 store copies it aside, upgrades it at its open and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_on_a_format_2_store_backs_it_up_then_upgrades_it() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let path = dir.path().join("kv.redb");
+    let key_id = format_2_store(dir.path()).await;
+    let mut node = Command::new(env!("CARGO_BIN_EXE_kairos"))
+        .args(["dev", "--data-dir", data, "--listen-http", "127.0.0.1:0"])
+        .args(["--listen-grpc", "127.0.0.1:0"])
+        .env_remove("KAIROS_DATA_DIR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(node.stdout.take().unwrap());
+    let up = stdout.lines().map_while(Result::ok).any(|l| l.contains(" up — "));
+    node.kill().unwrap();
+    let out = node.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(up, "the node did not come up: {said}");
+    assert!(said.contains("keyspace format is upgraded at this start; a copy"), "{said}");
+    let backups: Vec<_> = std::fs::read_dir(dir.path().join("backups"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("kv.redb"))
+        .collect();
+    assert_eq!(backups.len(), 1, "{backups:?}");
+    assert_eq!(config_of(&backups[0]).await.format_version, 2, "the copy is the store as it was");
+    assert_eq!(config_of(&path).await.format_version, FORMAT_VERSION, "upgraded at the open");
+    assert_kept(&path, &key_id).await;
+}

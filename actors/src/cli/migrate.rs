@@ -99,6 +99,11 @@ pub(super) async fn before_open(config: &NodeConfig) -> anyhow::Result<Option<Pa
         return Ok(None);
     }
     let dir = copy_store(config, &path, &plan)?;
+    let text = format!(
+        "the store's keyspace format is upgraded at this start; a copy of it as it was is in {}",
+        dir.display()
+    );
+    super::warn(config, &text);
     Ok(Some(dir))
 }
 

@@ -152,14 +152,7 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
         // Before anything is written into the data directory (its node id).
         marker::check_store_exists(&config, &config.data_dir.join("kv.redb"))?;
         // A newer store is refused here; one this open upgrades is copied aside first.
-        if let Some(dir) = super::migrate::before_open(&config).await? {
-            let text = format!(
-                "the store's keyspace format is upgraded at this start; a copy of it as it was \
-                 is in {}",
-                display_dir(&dir)
-            );
-            warn(&config, &text);
-        }
+        super::migrate::before_open(&config).await?;
     }
     config.node_id = Some(node_id(&config, &rng)?);
     let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;

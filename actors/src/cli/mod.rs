@@ -6,6 +6,7 @@
 //! kairos check  [flags]   checks a stopped node's store (engine pages, then every record)
 //! kairos admin-key [flags] a new admin key of every namespace, on a stopped node (recovery)
 //! kairos migrate [--dry-run] upgrades a stopped node's store to this binary's keyspace format
+//! kairos config check FILE reports every unknown key and bad value of a settings file
 //! kairos worker --queue Q runs the generic executors for one queue
 //! kairos completions SHELL
 //! ```
@@ -18,6 +19,7 @@
 
 mod admin_key;
 pub mod check;
+mod config_check;
 mod files;
 mod marker;
 mod migrate;
@@ -64,6 +66,10 @@ enum Command {
     /// On a stopped node: upgrades the store to this binary's keyspace format (an embedded
     /// store is copied to DIR/backups/ first); `--dry-run` says what would run.
     Migrate(MigrateArgs),
+    /// Checks a settings file: `kairos config check FILE` reports every unknown key and bad
+    /// value with its line.
+    #[command(subcommand)]
+    Config(config_check::ConfigCommand),
     /// Runs the generic executors (`command` and `http` definitions) for one queue.
     Worker(WorkerArgs),
     /// Prints a shell completion script, e.g. `kairos completions bash`.
@@ -330,6 +336,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
                 migrate::run(&config, a.dry_run, shared).await
             })
         }
+        Command::Config(c) => config_check::run(c),
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {
             // Written whole, then printed: clap_complete panics when stdout is closed, and a

@@ -24,6 +24,7 @@ mod files;
 mod marker;
 mod migrate;
 mod serve;
+mod settings_doc;
 mod signal;
 
 use self::signal::wait_for_signal;

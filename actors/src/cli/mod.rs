@@ -5,6 +5,8 @@
 //! kairos serve  [flags]   a node as configured (file, KAIROS_* env, flags)
 //! kairos check  [flags]   checks a stopped node's store (engine pages, then every record)
 //! kairos admin-key [flags] a new admin key of every namespace, on a stopped node (recovery)
+//! kairos migrate [--dry-run] upgrades a stopped node's store to this binary's keyspace format
+//! kairos config check FILE reports every unknown key and bad value of a settings file
 //! kairos worker --queue Q runs the generic executors for one queue
 //! kairos completions SHELL
 //! ```
@@ -17,9 +19,12 @@
 
 mod admin_key;
 pub mod check;
+mod config_check;
 mod files;
 mod marker;
+mod migrate;
 mod serve;
+mod settings_doc;
 mod signal;
 
 use self::signal::wait_for_signal;
@@ -27,7 +32,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::server::auth::AuthMode;
-use crate::server::config::NodeConfig;
+use crate::server::config::{Backend, NodeConfig};
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
@@ -59,6 +64,13 @@ enum Command {
     /// On a stopped node: creates a new admin key of every namespace and writes its token to
     /// DIR/admin-key (recovers administration, e.g. after the last admin key was lost).
     AdminKey(CheckArgs),
+    /// On a stopped node: upgrades the store to this binary's keyspace format (an embedded
+    /// store is copied to DIR/backups/ first); `--dry-run` says what would run.
+    Migrate(MigrateArgs),
+    /// Checks a settings file: `kairos config check FILE` reports every unknown key and bad
+    /// value with its line.
+    #[command(subcommand)]
+    Config(config_check::ConfigCommand),
     /// Runs the generic executors (`command` and `http` definitions) for one queue.
     Worker(WorkerArgs),
     /// Prints a shell completion script, e.g. `kairos completions bash`.
@@ -187,6 +199,15 @@ struct CheckArgs {
 }
 
 #[derive(Debug, Args)]
+struct MigrateArgs {
+    #[command(flatten)]
+    store: CheckArgs,
+    /// Say what would run, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, Args)]
 struct WorkerArgs {
     /// The queue to serve (letters, digits and -_.:/@, as the node requires).
     #[arg(long, value_parser = |q: &str| name("queue", q))]
@@ -306,6 +327,17 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             let config = store_config(&a)?;
             runtime()?.block_on(admin_key::run(&config))
         }
+        Command::Migrate(a) => {
+            let config = store_config(&a.store)?;
+            runtime()?.block_on(async {
+                let shared = match config.backend {
+                    Backend::Embedded | Backend::Memory => None,
+                    _ => Some(shared_database(&config).await?),
+                };
+                migrate::run(&config, a.dry_run, shared).await
+            })
+        }
+        Command::Config(c) => config_check::run(c),
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {
             // Written whole, then printed: clap_complete panics when stdout is closed, and a
@@ -321,6 +353,14 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// The database of a shared backend (PostgreSQL, FoundationDB) for `kairos migrate`.
+async fn shared_database(config: &NodeConfig) -> anyhow::Result<kairos_layer::kv::Database> {
+    let clock: kairos_layer::env::SharedClock =
+        std::sync::Arc::new(kairos_layer::env::SystemClock::default());
+    let rng = kairos_layer::env::Rng::from_entropy();
+    Ok(serve::open_database(config, clock, rng).await?.0)
 }
 
 /// The settings of a command on a stopped node's store (`check`, `admin-key`).

@@ -151,6 +151,8 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     if matches!(config.backend, Backend::Embedded) {
         // Before anything is written into the data directory (its node id).
         marker::check_store_exists(&config, &config.data_dir.join("kv.redb"))?;
+        // A newer store is refused here; one this open upgrades is copied aside first.
+        super::migrate::before_open(&config).await?;
     }
     config.node_id = Some(node_id(&config, &rng)?);
     let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;

@@ -1,6 +1,14 @@
 //! Changes to stores written by earlier builds, made once at open and recorded in the cluster
 //! config so they never run again (a clear is a write, on an LSM as much as a set).
 //!
+//! Keyspace formats are upgraded by [`STEPS`], an ordered list of steps, each from format N to
+//! N+1: [`plan`] says which a store needs (or why it is refused: a store newer than this
+//! binary — a downgrade — or older than the first step, each naming both formats), and
+//! [`upgrade`] runs them in order, each recording its new format in the cluster config as it
+//! ends, so a stopped upgrade resumes at the step it was in. The node runs them at open (the
+//! `kairos` binary copies an embedded store aside first); `kairos migrate` runs them alone.
+//! A later format change adds its step at the end of [`STEPS`] and raises [`FORMAT_VERSION`].
+//!
 //! Format 2 → 3 (issue 21, step 2): the spec of an execution is kept apart from its state.
 //! Nothing is rewritten at open: a record of format 2 is read as it is and split at its next
 //! write; only the config's format is raised ([`format`]).
@@ -24,8 +32,126 @@ use crate::keys::{Keyspace, Tag};
 use crate::kv::limits::key_after;
 use crate::kv::{Database, RangeOption};
 
+/// The keyspace format this binary writes. Format 2 (partitioned leases, ready queues and
+/// counts; attempts stored when they end) cannot read format 1. Format 3 keeps an execution's
+/// spec apart from its state (`ExecutionSpec`, issue 21): it reads format 2 and a store of
+/// format 2 becomes format 3 at its first open ([`STEPS`]), so that a binary of format 2,
+/// which cannot read the split records, refuses it from then on.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// One upgrade of the keyspace format, from `from` to `from + 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// The format it reads.
+    pub from: u32,
+    /// The format it leaves (`from + 1`).
+    pub to: u32,
+    /// What it does, for `kairos migrate --dry-run` and the node's log.
+    pub what: &'static str,
+}
+
+/// Every format upgrade this binary knows, in order: a store of format `STEPS[0].from` or later
+/// can be brought to [`FORMAT_VERSION`]. Each step's code is in [`run_step`].
+pub const STEPS: &[Step] = &[Step {
+    from: 2,
+    to: 3,
+    what: "execution specs kept apart from their state (issue 21): no record is rewritten at \
+           once, each is split at its next write; the format is raised so format 2 binaries \
+           refuse the store",
+}];
+
+/// What a store needs before this binary can serve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The keyspace format the store holds.
+    pub format: u32,
+    /// The format steps to run, in order (empty: the format is current).
+    pub steps: Vec<Step>,
+    /// The status index revision the store holds, when older than this binary's (its clearing
+    /// of index entries runs after the format steps).
+    pub status_index_from: Option<u32>,
+}
+
+impl Plan {
+    /// Whether anything would change.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty() && self.status_index_from.is_none()
+    }
+}
+
+/// The upgrade a store of this config needs; refused (naming both formats) when the store is
+/// newer than this binary (a downgrade) or older than any step it knows.
+pub fn plan(config: &ClusterConfig) -> Result<Plan> {
+    let stored = config.format_version;
+    if stored > FORMAT_VERSION {
+        return Err(Error::FailedPrecondition(format!(
+            "the store holds keyspace format {stored}, newer than this binary's format \
+             {FORMAT_VERSION}: a downgrade is refused — run a binary of format {stored} or later \
+             (or restore a backup taken before the upgrade)"
+        )));
+    }
+    let first = STEPS.first().map_or(FORMAT_VERSION, |s| s.from);
+    if stored < first {
+        return Err(Error::FailedPrecondition(format!(
+            "the store holds keyspace format {stored} and this binary reads format \
+             {FORMAT_VERSION}, upgrading stores of format {first} or later only: use a binary of \
+             format {stored}, or start from an empty data directory"
+        )));
+    }
+    let steps = STEPS.iter().filter(|s| s.from >= stored).copied().collect();
+    let status_index_from = (config.status_index < STATUS_INDEX).then_some(config.status_index);
+    Ok(Plan { format: stored, steps, status_index_from })
+}
+
+/// The cluster config stored under `ks`, if the cluster exists.
+pub async fn stored_config(db: &Database, ks: &Keyspace) -> Result<Option<ClusterConfig>> {
+    db.run(|tx| async move {
+        match tx.get(&ks.cluster()).await? {
+            Some(v) => Ok(Some(decode::<ClusterConfig>("cluster config", &v)?)),
+            None => Ok::<_, Error>(None),
+        }
+    })
+    .await
+}
+
+/// What the cluster under `ks` needs (`None`: there is no cluster yet).
+pub async fn pending(db: &Database, ks: &Keyspace) -> Result<Option<Plan>> {
+    match stored_config(db, ks).await? {
+        Some(config) => plan(&config).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Runs every step the store needs ([`plan`]), in order, then the status index's; returns the
+/// config as stored afterwards. Refuses what [`plan`] refuses, before writing anything.
+pub(crate) async fn upgrade(
+    db: &Database,
+    ks: &Keyspace,
+    mut config: ClusterConfig,
+) -> Result<ClusterConfig> {
+    let plan = plan(&config)?;
+    for step in &plan.steps {
+        config = run_step(db, ks, config, step).await?;
+        tracing::info!(from = step.from, to = step.to, "keyspace format upgraded");
+    }
+    status_index(db, ks, config, MIGRATION_CHUNK_ROWS).await
+}
+
+/// The code of one step of [`STEPS`].
+async fn run_step(
+    db: &Database,
+    ks: &Keyspace,
+    config: ClusterConfig,
+    step: &Step,
+) -> Result<ClusterConfig> {
+    match (step.from, step.to) {
+        (2, 3) => format(db, ks, config, 2, 3).await,
+        (from, to) => Err(Error::Corrupt(format!("no code for the format step {from} → {to}"))),
+    }
+}
+
 /// The status index revision this binary writes.
-pub(crate) const STATUS_INDEX: u32 = 2;
+pub const STATUS_INDEX: u32 = 2;
 
 /// Status index entries one migration transaction clears, at most.
 pub(crate) const MIGRATION_CHUNK_ROWS: usize = 10_000;
@@ -72,10 +198,10 @@ pub(crate) async fn status_index(
 }
 
 /// Brings a store of keyspace format `from` to `to` (a store of any other format is left as
-/// it is, for the caller to refuse). Format 2 → 3 changes no stored record: records of format
+/// it is). Format 2 → 3 changes no stored record: records of format
 /// 2 carry their spec and are read as they are, and split at their next write
 /// ([`super::records`]); the version is raised so binaries of format 2 refuse the store.
-pub(crate) async fn format(
+async fn format(
     db: &Database,
     ks: &Keyspace,
     config: ClusterConfig,
@@ -185,6 +311,34 @@ mod tests {
 
     fn in_each(states: &[i32]) -> Vec<(String, i32)> {
         ["a", "b", "c"].iter().flat_map(|ns| states.iter().map(|s| (ns.to_string(), *s))).collect()
+    }
+
+    fn at(format_version: u32, status_index: u32) -> ClusterConfig {
+        ClusterConfig { format_version, status_index, ..ClusterConfig::default() }
+    }
+
+    #[test]
+    fn the_steps_are_ordered_and_end_at_this_binary_s_format() {
+        for pair in STEPS.windows(2) {
+            assert_eq!(pair[0].to, pair[1].from, "{pair:?}");
+        }
+        assert!(STEPS.iter().all(|s| s.to == s.from + 1), "{STEPS:?}");
+        assert_eq!(STEPS.last().map(|s| s.to), Some(FORMAT_VERSION));
+    }
+
+    #[test]
+    fn a_plan_lists_the_steps_a_store_needs_and_refuses_a_downgrade_naming_both_formats() {
+        let current = plan(&at(FORMAT_VERSION, STATUS_INDEX)).unwrap();
+        assert!(current.is_empty(), "{current:?}");
+        let old = plan(&at(2, 1)).unwrap();
+        assert_eq!(old.steps.iter().map(|s| (s.from, s.to)).collect::<Vec<_>>(), [(2, 3)]);
+        assert_eq!(old.status_index_from, Some(1));
+        let newer = plan(&at(FORMAT_VERSION + 1, STATUS_INDEX)).unwrap_err().to_string();
+        assert!(newer.contains("format 4, newer than this binary's format 3"), "{newer}");
+        assert!(newer.contains("downgrade is refused"), "{newer}");
+        let ancient = plan(&at(1, 0)).unwrap_err().to_string();
+        assert!(ancient.contains("format 1 and this binary reads format 3"), "{ancient}");
+        assert!(ancient.contains("format 2 or later only"), "{ancient}");
     }
 
     #[tokio::test]

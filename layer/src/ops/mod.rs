@@ -33,7 +33,7 @@ pub mod fire;
 pub mod hold;
 pub(crate) mod join;
 pub mod leases;
-pub(crate) mod migrate;
+pub mod migrate;
 pub mod orphans;
 pub mod prefire;
 pub mod query;
@@ -104,15 +104,8 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
-/// The keyspace format this binary writes. Format 2 (partitioned leases, ready queues and
-/// counts; attempts stored when they end) cannot read format 1. Format 3 keeps an execution's
-/// spec apart from its state (`ExecutionSpec`, issue 21): it reads format 2 and a store of
-/// format 2 becomes format 3 at its first open ([`migrate::format`]), so that a binary of
-/// format 2, which cannot read the split records, refuses it from then on.
-const FORMAT_VERSION: u32 = 3;
-
-/// The earlier format this binary reads (and upgrades at open).
-const FORMAT_UPGRADED_FROM: u32 = 2;
+/// The keyspace format this binary writes (see [`migrate::FORMAT_VERSION`]).
+pub use self::migrate::FORMAT_VERSION;
 
 /// Refuses cluster parameters out of their ranges, naming the setting.
 fn check_params(params: &ClusterParams) -> Result<()> {
@@ -175,16 +168,8 @@ impl Scheduler {
                 }
             })
             .await?;
-        let config =
-            migrate::format(&db, &ks, config, FORMAT_UPGRADED_FROM, FORMAT_VERSION).await?;
-        if config.format_version != FORMAT_VERSION {
-            return Err(Error::FailedPrecondition(format!(
-                "the store holds keyspace format {} and this binary reads format {FORMAT_VERSION} \
-                 only: use a binary of that format, or start from an empty data directory",
-                config.format_version
-            )));
-        }
-        let config = migrate::status_index(&db, &ks, config, migrate::MIGRATION_CHUNK_ROWS).await?;
+        // Every format step the store needs, in order; a downgrade is refused here.
+        let config = migrate::upgrade(&db, &ks, config).await?;
         let ks = ks.with_shards(config.shard_count);
         let mut token_key = [0u8; 32];
         token_key.copy_from_slice(&rng.secret(32));

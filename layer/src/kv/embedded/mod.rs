@@ -21,6 +21,7 @@
 
 pub use super::limits::VERIFY_AFTER_CRASH_BYTES_MAX;
 
+mod backup;
 mod check;
 mod committer;
 mod contain;
@@ -42,6 +43,7 @@ use bytes::Bytes;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
+pub use self::backup::BackupReport;
 use self::committer::{Committer, Job};
 use self::engine::Engine;
 use self::overlay::{Cursor, Generation, Overlay};

@@ -49,11 +49,11 @@ pub(crate) struct ActiveReads {
 }
 
 impl ActiveReads {
-    fn enter(&self, v: u64) {
+    pub(crate) fn enter(&self, v: u64) {
         *self.versions.lock().unwrap_or_else(|e| e.into_inner()).entry(v).or_default() += 1;
     }
 
-    fn exit(&self, v: u64) {
+    pub(crate) fn exit(&self, v: u64) {
         let mut m = self.versions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = m.get_mut(&v) {
             *c -= 1;

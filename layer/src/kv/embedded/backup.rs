@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use super::{EmbeddedDatabase, EmbeddedOptions};
+use crate::kv::KvDatabase as _;
 use crate::kv::error::{Error, Result};
 use crate::kv::limits::key_after;
-use crate::kv::KvDatabase as _;
 
 /// Bytes of pairs one transaction of the copy writes (within the transaction budget).
 const BACKUP_CHUNK_BYTES: usize = 4 << 20;

@@ -158,3 +158,11 @@ pub const CRON_WALL_TIMES_PER_CALL_MAX: usize = 200_000;
 /// How far ahead an occurrence is searched: an expression matching nothing within this many
 /// years (e.g. `0 0 30 2 *`) is rejected.
 pub const CRON_SEARCH_YEARS_MAX: u32 = 11;
+
+/// Most READY entries counted per queue: past it, a queue's depth is reported as this bound
+/// with `ReadyQueue::depth_capped` set.
+pub const READY_QUEUE_COUNT_MAX: usize = 10_000;
+
+/// Most `(namespace, queue, partition)` heads one call visits; past it the answer is marked
+/// `ReadyQueues::truncated` (queues beyond are not reported).
+pub const READY_QUEUES_PARTITIONS_MAX: usize = 4_096;

@@ -13,14 +13,7 @@ use super::Scheduler;
 use super::error::{Error, Result};
 use crate::keys::Tag;
 use crate::kv::RangeOption;
-
-/// Most READY entries counted per queue: past it, a queue's depth is reported as this bound
-/// with [`ReadyQueue::depth_capped`] set.
-pub const READY_QUEUE_COUNT_MAX: usize = 10_000;
-
-/// Most `(namespace, queue, partition)` heads one call visits; past it the answer is marked
-/// [`ReadyQueues::truncated`] (queues beyond are not reported).
-pub const READY_QUEUES_PARTITIONS_MAX: usize = 4_096;
+pub use crate::limits::{READY_QUEUE_COUNT_MAX, READY_QUEUES_PARTITIONS_MAX};
 
 /// One queue's READY work.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -100,7 +100,16 @@ async fn start_actors(ctx: Ctx) -> Result<Node, StartError> {
     let (supervisor, join) = Actor::spawn(None, NodeSupervisor, ctx.clone())
         .await
         .map_err(|e| StartError::Actors(e.to_string()))?;
-    tracing::info!(node = %ctx.node_id, shards = ctx.sched.config().shard_count, "node started");
+    let (c, cluster) = (&ctx.config, ctx.sched.config());
+    tracing::info!(
+        node = %ctx.node_id,
+        region = %c.region,
+        backend = ?c.backend,
+        database = %c.database_label(),
+        keyspace_format = cluster.format_version,
+        shards = cluster.shard_count,
+        "node started"
+    );
     let health = health::watch_store_health(&ctx);
     let config = &ctx.config;
     let auth = Arc::new(Auth::new(config.auth.unwrap_or(AuthMode::Off), ctx.sched.clone()));

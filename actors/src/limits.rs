@@ -88,3 +88,8 @@ pub const CLOCK_SKEW_MAX_MS: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
 pub const CONSOLE_API_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Most executions one bulk cancel / replay takes (a page of the search).
 pub const CONSOLE_BULK_MAX: usize = 50;
+
+// The HTTP API.
+/// How long `/healthz` waits for the store's list of nodes and leases before answering with
+/// this node's line alone (a probe must not hang on a database that is cut off).
+pub const HEALTHZ_CLUSTER_WAIT_MS: u64 = 1_000;

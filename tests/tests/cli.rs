@@ -624,3 +624,39 @@ fn a_port_in_use_stops_the_node_before_it_starts_and_readyz_says_when_it_is_read
     let r = ctl(&["--endpoint", &format!("127.0.0.1:{grpc}"), "list"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
+
+/// `/healthz` lists every node of the cluster (region, shards, database, last commit) and
+/// `kairosctl nodes` shows the same.
+#[test]
+fn healthz_and_nodes_show_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let (http, grpc) = free_port_pair();
+    let _node = spawn_dev(KAIROS, dir.path(), http, grpc);
+    let t = Instant::now();
+    let body = loop {
+        assert!(t.elapsed() < Duration::from_secs(30), "no node line with a commit");
+        if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"")
+            && body.contains("cluster nodes=1\n")
+            && body.contains(" shards=64 ")
+            && !body.contains("last_commit_ms=0.000")
+        {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(body.starts_with("ok node="), "{body}");
+    let line = body.lines().find(|l| l.starts_with("  node=")).expect(&body);
+    let want = format!("region=local shards=64 database=\"embedded:{}", dir.path().display());
+    assert!(line.contains(&want), "{line}");
+    assert!(line.contains("heartbeat_age_ms="), "{line}");
+    let endpoint = format!("http://127.0.0.1:{grpc}");
+    let r = ctl(&["--endpoint", &endpoint, "--json", "nodes"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json_of(&r.stdout);
+    assert_eq!(v[0]["shards"], json!(64), "{v}");
+    assert_eq!(v[0]["region"], json!("local"), "{v}");
+    assert!(v[0]["database"].as_str().unwrap().starts_with("embedded:"), "{v}");
+    assert!(v[0]["lastCommitUs"].as_i64().unwrap() > 0, "{v}");
+    let r = ctl(&["--endpoint", &endpoint, "nodes"]);
+    assert!(r.stdout.contains("DATABASE") && r.stdout.contains("LAST COMMIT"), "{}", r.stdout);
+}

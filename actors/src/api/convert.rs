@@ -130,8 +130,8 @@ pub fn definition(d: &storage::JobDefinition) -> api::Definition {
     }
 }
 
-/// The API view of a node record.
-pub fn node(n: &storage::NodeRecord) -> api::Node {
+/// The API view of a node record; `shards`: the execution shards it holds now.
+pub fn node(n: &storage::NodeRecord, shards: u32) -> api::Node {
     api::Node {
         node_id: n.node_id.clone(),
         http_address: n.address.clone(),
@@ -140,6 +140,9 @@ pub fn node(n: &storage::NodeRecord) -> api::Node {
         heartbeat_at_ms: n.heartbeat_at_ms,
         started_at_ms: n.started_at_ms,
         version: n.version.clone(),
+        database: n.database.clone(),
+        last_commit_us: n.last_commit_us,
+        shards,
     }
 }
 

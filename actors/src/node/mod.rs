@@ -7,6 +7,7 @@
 //! [`health`].
 
 mod admission;
+mod cluster;
 mod cron;
 pub(crate) mod health;
 mod work;
@@ -29,6 +30,7 @@ use crate::server::auth::Auth;
 use crate::server::config::{ConfigError, NodeConfig};
 use crate::server::metrics::Metrics;
 use crate::server::quota::Quotas;
+pub use cluster::NodeView;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]

@@ -327,6 +327,8 @@ fn node_record(ctx: &Ctx, started_at_ms: i64) -> NodeRecord {
         capacity: 0,
         started_at_ms,
         version: crate::VERSION.to_string(),
+        database: c.database_label(),
+        last_commit_us: ctx.metrics.last_commit_us.load(Ordering::Relaxed) as i64,
     }
 }
 

@@ -138,6 +138,8 @@ pub struct Metrics {
     pub lateness_start: Histogram,
     /// Store commit latency of each `run`.
     pub commit_latency: Histogram,
+    /// The last commit's latency in microseconds (the node record carries it to `/healthz`).
+    pub last_commit_us: AtomicU64,
     /// Retryable store errors (conflicts, unknown results, too old) by code.
     pub store_retries_conflict: AtomicU64,
     /// Other retryable store errors.
@@ -192,6 +194,8 @@ fn is_conflict(e: &KvError) -> bool {
 impl RunObserver for Metrics {
     fn committed(&self, latency: Duration) {
         self.commit_latency.observe(latency);
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.last_commit_us.store(us.max(1), Ordering::Relaxed);
     }
     fn retrying(&self, error: &KvError) {
         if is_conflict(error) {

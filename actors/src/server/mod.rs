@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod config;
 pub mod conns;
+mod database;
 pub mod log_limit;
 pub mod metrics;
 pub mod quota;

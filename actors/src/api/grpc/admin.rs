@@ -17,8 +17,10 @@ use kairos_layer::state::is_terminal;
 impl AdminService for Api {
     async fn nodes(&self, req: Request<Empty>) -> Reply<NodesResponse> {
         self.authorize(&req, ALL, Scope::Admin).await?;
-        let nodes = self.node.scheduler().nodes().await.map_err(|e| status(&e))?;
-        ok(NodesResponse { nodes: nodes.iter().map(convert::node).collect() })
+        let nodes = self.node.cluster_nodes().await.map_err(|e| status(&e))?;
+        ok(NodesResponse {
+            nodes: nodes.iter().map(|n| convert::node(&n.record, n.shards)).collect(),
+        })
     }
 
     async fn shards(&self, req: Request<ShardsRequest>) -> Reply<ShardsResponse> {

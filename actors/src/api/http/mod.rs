@@ -18,7 +18,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kairos_layer::definition::parse_definition_uri;
-use kairos_layer::kv::StoreHealth;
 use kairos_layer::ops::query::ListQuery;
 use kairos_layer::ops::submit::SubmitRequest;
 use kairos_layer::ops::{self, error::invalid};
@@ -37,6 +36,7 @@ use crate::server::tls::ServerTls;
 
 mod admin;
 mod cron;
+mod health;
 mod input;
 mod reply;
 
@@ -309,60 +309,6 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, crate::server::metrics::CONTENT_TYPE)], node.metrics_text().await)
 }
 
-/// `200 ok …` while the store takes writes (`200 unverified …` when it was opened after a crash
-/// without verifying its pages: nothing shows it damaged, nothing showed it sound); `503` with the reason while it refuses them (a full
-/// disk: reads go on), while it cannot be reached (a database down or cut off: it heals by
-/// itself), or after it failed (the node is stopping).
-async fn healthz(State(node): State<Node>) -> Response {
-    let (id, shards) = (node.node_id().to_string(), node.owned_shards().len());
-    match node.store_health() {
-        StoreHealth::Healthy => match node.store_doubt() {
-            None => format!("ok node={id} shards={shards}\n").into_response(),
-            Some(why) => format!(
-                "unverified node={id} shards={shards}: the store opened without verifying its \
-                 pages ({why}); stop the node and run `kairos check` to verify it\n"
-            )
-            .into_response(),
-        },
-        StoreHealth::WritesRefused { reason } => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "30")],
-            format!("writes-refused node={id} shards={shards}: {reason}\n"),
-        )
-            .into_response(),
-        StoreHealth::Unavailable { reason } => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "5")],
-            format!("store-unavailable node={id} shards={shards}: {reason}\n"),
-        )
-            .into_response(),
-        StoreHealth::Failed { reason } => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("failed node={id} shards={shards}: {reason}\n"),
-        )
-            .into_response(),
-    }
-}
-
-/// Readiness, for a load balancer or an orchestrator: `200 ready …` once the store takes
-/// writes and the node holds a shard lease (it fires and serves its share); `503 not-ready …`
-/// with the reason before that (just started, no lease yet) and while the store is unhealthy.
-/// `/healthz` is liveness: the process is up and says what it knows of its store.
-async fn readyz(State(node): State<Node>) -> Response {
-    let (id, shards) = (node.node_id().to_string(), node.owned_shards().len());
-    let why = match node.store_health() {
-        StoreHealth::Healthy if shards > 0 => {
-            return format!("ready node={id} shards={shards}\n").into_response();
-        }
-        StoreHealth::Healthy => "it holds no shard lease yet".to_string(),
-        StoreHealth::WritesRefused { reason } => format!("the store refuses writes: {reason}"),
-        StoreHealth::Unavailable { reason } => format!("the store cannot be reached: {reason}"),
-        StoreHealth::Failed { reason } => format!("the store failed: {reason}"),
-    };
-    let body = format!("not-ready node={id} shards={shards}: {why}\n");
-    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], body).into_response()
-}
-
 async fn not_found() -> Response {
     let body = errors::body(tonic::Code::NotFound, None, "no such route".into());
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
@@ -428,8 +374,8 @@ fn api_router(node: Node) -> Router {
         .merge(cron::routes())
         .merge(admin::routes())
         .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(HTTP_BODY_BYTES_MAX))

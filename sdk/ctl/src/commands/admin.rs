@@ -14,7 +14,8 @@ pub(super) async fn nodes(client: &Client, o: &Opts) -> Result<String, Failure> 
             .map(|n| {
                 json!({"nodeId": n.node_id, "httpAddress": n.http_address,
                     "grpcAddress": n.grpc_address, "region": n.region, "version": n.version,
-                    "heartbeatAt": time(n.heartbeat_at_ms)})
+                    "shards": n.shards, "database": n.database,
+                    "lastCommitUs": n.last_commit_us, "heartbeatAt": time(n.heartbeat_at_ms)})
             })
             .collect();
         return Ok(json!(list).to_string());
@@ -26,12 +27,17 @@ pub(super) async fn nodes(client: &Client, o: &Opts) -> Result<String, Failure> 
                 n.node_id.clone(),
                 n.grpc_address.clone(),
                 n.region.clone(),
+                n.shards.to_string(),
+                n.database.clone(),
+                format!("{:.1} ms", n.last_commit_us as f64 / 1000.0),
                 n.version.clone(),
                 time(n.heartbeat_at_ms),
             ]
         })
         .collect();
-    Ok(table(&["NODE", "GRPC", "REGION", "VERSION", "HEARTBEAT"], rows))
+    let head =
+        ["NODE", "GRPC", "REGION", "SHARDS", "DATABASE", "LAST COMMIT", "VERSION", "HEARTBEAT"];
+    Ok(table(&head, rows))
 }
 
 /// `shards`: the leases of a shard space.

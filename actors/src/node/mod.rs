@@ -9,6 +9,7 @@
 mod admission;
 mod cron;
 pub(crate) mod health;
+pub mod queues;
 mod work;
 
 use std::sync::Arc;

@@ -161,6 +161,20 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The API view of a queue.
+pub fn queue(q: &crate::node::queues::QueueView) -> api::QueueInfo {
+    api::QueueInfo {
+        namespace: q.namespace.clone(),
+        queue: q.queue.clone(),
+        depth: q.depth,
+        depth_capped: q.depth_capped,
+        oldest_ready_at_ms: q.oldest_ready_at_ms,
+        oldest_ready_age_ms: q.oldest_ready_age_ms,
+        workers: q.workers,
+        credits_free: q.credits_free,
+    }
+}
+
 /// The API view of a quarantined record.
 pub fn quarantined(q: &storage::QuarantineRecord) -> api::QuarantinedRecord {
     api::QuarantinedRecord {

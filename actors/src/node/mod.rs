@@ -10,6 +10,7 @@ mod admission;
 mod cluster;
 mod cron;
 pub(crate) mod health;
+pub mod queues;
 mod work;
 
 use std::sync::Arc;

@@ -145,6 +145,23 @@ impl Matchmaker {
         })
     }
 
+    /// Per queue with a worker stream connected to this node: how many streams, and their
+    /// free credits (what this node may hand them now, within the queue's limit). Long polls
+    /// and dispatch buffers are not worker streams and are left out. For `kairosctl queues`
+    /// and the `kairos_workers_connected` / `kairos_worker_credits_free` gauges.
+    pub fn workers(&self) -> BTreeMap<QueueKey, (u32, u64)> {
+        let m = self.lock();
+        m.iter()
+            .filter_map(|(k, q)| {
+                let streams: Vec<&Slot> =
+                    q.slots.values().filter(|s| !s.buffer && !s.poll).collect();
+                let credits: usize = streams.iter().map(|s| s.credits).sum();
+                let n = u32::try_from(streams.len()).unwrap_or(u32::MAX);
+                (n > 0).then(|| (k.clone(), (n, credits.min(q.room()) as u64)))
+            })
+            .collect()
+    }
+
     /// Queues this node's workers serve (a worker stream or a waiting poll), with or without
     /// credits now: the queues a fire may hold back for them (`super::held`).
     pub fn local_queues(&self) -> std::collections::BTreeSet<QueueKey> {
@@ -426,6 +443,21 @@ mod tests {
         let ids: Vec<u64> = ahead[&q()].grants.iter().map(|g| g.slot).collect();
         assert_eq!(ids, [2, 2, 3, 3], "the stream, then the buffer");
         assert_eq!(m.offer(10)[&q()].grants.len(), 4, "a fire takes the poll's too");
+    }
+
+    #[test]
+    fn workers_counts_streams_and_their_free_credits_only() {
+        let m = Matchmaker::new(BTreeMap::from([("q".to_string(), 5)]));
+        m.add(&q(), 1, "a", None, 3);
+        m.add(&q(), 2, "b", None, 4);
+        m.add(&q(), 3, "poller", None, 9);
+        m.mark_poll(&q(), 3);
+        m.set_buffer_room(&q(), 4, 8);
+        assert_eq!(m.workers()[&q()], (2, 5), "two streams; 7 credits capped by the limit");
+        m.take(&q(), 1);
+        m.remove(&q(), 1);
+        m.remove(&q(), 2);
+        assert!(m.workers().is_empty(), "a poll and a buffer are not worker streams");
     }
 
     fn q() -> QueueKey {

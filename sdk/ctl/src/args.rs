@@ -268,6 +268,13 @@ pub enum Api {
     Whoami,
     /// The namespace's quotas and retention, and its executions not yet finished.
     Limits,
+    /// Per queue: READY executions, the oldest one's age, worker streams on the node and their
+    /// free credits.
+    Queues {
+        /// Over every namespace (a key of `*`).
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 /// `keys …`.

@@ -1,6 +1,6 @@
 //! The commands that talk to a node: one function per command, in [`executions`],
 //! [`definitions`], [`cron`], [`access`] (keys, audit, whoami, limits) and [`admin`] (nodes,
-//! shards, stats, quarantined). Each returns what to print, or a [`Failure`].
+//! shards, stats, quarantined, queues). Each returns what to print, or a [`Failure`].
 
 mod access;
 mod admin;
@@ -46,5 +46,6 @@ pub(crate) async fn run(client: &Client, o: &Opts, cmd: Api) -> Result<String, F
         Api::Shards { space } => admin::shards(client, o, space).await,
         Api::Stats { all } => admin::stats(client, o, all).await,
         Api::Quarantined { limit } => admin::quarantined(client, o, limit).await,
+        Api::Queues { all } => admin::queues(client, o, all).await,
     }
 }

@@ -1,4 +1,4 @@
-//! API keys, the audit log, the caller and a namespace's limits (`AdminService`).
+//! API keys, the audit log, the caller, a namespace's limits and its queues (`AdminService`).
 
 use kairos_proto::v1::*;
 
@@ -59,5 +59,13 @@ impl Client {
     pub async fn limits(&self) -> Result<LimitsResponse, Error> {
         let req = LimitsRequest { namespace: self.namespace.clone() };
         self.call(self.timeout, self.admin().limits(req)).await
+    }
+
+    /// Per queue: READY executions, the age of the oldest, the worker streams connected to
+    /// the node and their free credits — of the client's namespace, or of every namespace
+    /// (`all`, with a key of `*`).
+    pub async fn queues(&self, all: bool) -> Result<QueuesResponse, Error> {
+        let namespace = if all { "*".to_string() } else { self.namespace.clone() };
+        self.call(self.timeout, self.admin().queues(QueuesRequest { namespace })).await
     }
 }

@@ -198,4 +198,20 @@ impl AdminService for Api {
             },
         })
     }
+
+    async fn queues(&self, req: Request<QueuesRequest>) -> Reply<QueuesResponse> {
+        let caller = self.principal(&req).await?;
+        // Empty: the key's namespace (every one for a key of `*`).
+        let ns = match req.get_ref().namespace.as_str() {
+            "" => caller.namespace.clone(),
+            ns => ns.to_string(),
+        };
+        caller.allow(&ns, Scope::Read).map_err(|e| status(&e))?;
+        let filter = (ns != ALL).then_some(ns.as_str());
+        let q = self.node.queues(filter).await.map_err(|e| status(&e))?;
+        ok(QueuesResponse {
+            queues: q.queues.iter().map(convert::queue).collect(),
+            truncated: q.truncated,
+        })
+    }
 }

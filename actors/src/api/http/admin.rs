@@ -10,6 +10,7 @@
 //! | `GET /audit[?from=&limit=]` (namespace header; `*` for all-namespace keys) | the audit log |
 //! | `GET /whoami` | the caller |
 //! | `GET /limits` (namespace header) | quotas, retention, pending executions |
+//! | `GET /queues` (namespace header, `*` for all; none: the key's) | READY work and workers per queue |
 
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -256,6 +257,43 @@ async fn limits(State(node): State<Node>, headers: HeaderMap) -> Response {
     }
 }
 
+async fn queues(State(node): State<Node>, headers: HeaderMap) -> Response {
+    let api = Api::new(node);
+    if let Err(s) = api.principal(&request(&headers, ())).await {
+        return status_response(&s);
+    }
+    // No header: the key's namespace; `*`: every namespace.
+    let namespace = match headers.get("kairos-namespace").map(|v| v.to_str()) {
+        None => String::new(),
+        Some(Ok("*")) => "*".to_string(),
+        _ => match super::input::namespace(&headers) {
+            Ok(ns) => ns,
+            Err(e) => return error_response(&e),
+        },
+    };
+    match api.queues(request(&headers, api::QueuesRequest { namespace })).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            let queues: Vec<Value> = r.queues.iter().map(queue_view).collect();
+            Json(json!({ "queues": queues, "truncated": r.truncated })).into_response()
+        }
+        Err(s) => status_response(&s),
+    }
+}
+
+fn queue_view(q: &api::QueueInfo) -> Value {
+    json!({
+        "namespace": q.namespace,
+        "queue": q.queue,
+        "depth": q.depth,
+        "depthCapped": q.depth_capped,
+        "oldestReadyAt": ms(q.oldest_ready_at_ms),
+        "oldestReadyAgeSeconds": q.oldest_ready_age_ms as f64 / 1000.0,
+        "workers": q.workers,
+        "creditsFree": q.credits_free,
+    })
+}
+
 /// The admin routes.
 pub(super) fn routes() -> Router<Node> {
     Router::new()
@@ -264,4 +302,5 @@ pub(super) fn routes() -> Router<Node> {
         .route("/audit", get(audit))
         .route("/whoami", get(whoami))
         .route("/limits", get(limits))
+        .route("/queues", get(queues))
 }

@@ -1,4 +1,5 @@
-//! The cluster as an operator sees it: `nodes`, `shards`, `stats`, `quarantined`.
+//! The cluster as an operator sees it: `nodes`, `shards`, `stats`, `quarantined`,
+//! `queues`.
 
 use kairos_sdk::Client;
 use serde_json::json;
@@ -99,4 +100,42 @@ pub(super) async fn quarantined(client: &Client, o: &Opts, limit: u32) -> Result
         .map(|r| vec![time(r.at_ms), r.namespace.clone(), r.execution_id.clone(), r.reason.clone()])
         .collect();
     Ok(table(&["AT", "NAMESPACE", "EXECUTION", "REASON"], rows))
+}
+
+/// `queues`: READY work and connected workers per queue.
+pub(super) async fn queues(client: &Client, o: &Opts, all: bool) -> Result<String, Failure> {
+    let r = client.queues(all).await?;
+    if o.json {
+        let list: Vec<_> = r
+            .queues
+            .iter()
+            .map(|q| {
+                json!({"namespace": q.namespace, "queue": q.queue, "depth": q.depth,
+                    "depthCapped": q.depth_capped, "oldestReadyAt": time(q.oldest_ready_at_ms),
+                    "oldestReadyAgeSeconds": q.oldest_ready_age_ms as f64 / 1000.0,
+                    "workers": q.workers, "creditsFree": q.credits_free})
+            })
+            .collect();
+        return Ok(json!({"queues": list, "truncated": r.truncated}).to_string());
+    }
+    let rows = r
+        .queues
+        .iter()
+        .map(|q| {
+            let depth = format!("{}{}", q.depth, if q.depth_capped { "+" } else { "" });
+            let age = if q.depth == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}s", q.oldest_ready_age_ms as f64 / 1000.0)
+            };
+            let (w, c) = (q.workers.to_string(), q.credits_free.to_string());
+            vec![q.namespace.clone(), q.queue.clone(), depth, age, w, c]
+        })
+        .collect();
+    let head = ["NAMESPACE", "QUEUE", "READY", "OLDEST", "WORKERS", "CREDITS"];
+    let mut out = table(&head, rows);
+    if r.truncated {
+        out.push_str("\n(truncated: more queues than one scan reads)");
+    }
+    Ok(out)
 }

@@ -65,6 +65,20 @@ fn s2_burst() {
     assert!(v["node_cpu_s"].as_f64().is_some() && v["node_peak_rss_mib"].as_f64().is_some(), "{v}");
 }
 
+#[test]
+fn s7_due_now_and_a_mix() {
+    let v = quick("s7", &[]);
+    assert_eq!(v["count"], 2_000, "{v}");
+    assert!(num(&v, "e2e_per_s") > 0.0, "{v}");
+    assert_lateness(&v["lateness_ms"], 2_000);
+    // Half of them delayed by 300 ms: none may start before its time (checked by quick()).
+    let v = quick("s7", &["--delayed-share", "0.5", "--delay-ms", "300"]);
+    assert_eq!(v["count"], 2_000, "{v}");
+    assert_eq!(v["delayed_share"], 0.5, "{v}");
+    assert_lateness(&v["lateness_ms"], 2_000);
+    assert!(num(&v, "span_s") >= 0.25, "the delayed half starts 300 ms after submission: {v}");
+}
+
 /// A number of the JSON line (panics, naming the field, if it is not one).
 fn num(v: &Value, field: &str) -> f64 {
     v[field].as_f64().unwrap_or_else(|| panic!("{field} is not a number: {v}"))

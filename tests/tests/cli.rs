@@ -637,7 +637,7 @@ fn healthz_and_nodes_show_the_cluster() {
         assert!(t.elapsed() < Duration::from_secs(30), "no node line with a commit");
         if let Ok((200, body)) = kairos_tests::http_request(http, "GET", "/healthz", &[], b"")
             && body.contains("cluster nodes=1\n")
-            && body.contains(" shards=64 ")
+            && body.contains(" shard_leases=64 ")
             && !body.contains("last_commit_ms=0.000")
         {
             break body;
@@ -646,7 +646,7 @@ fn healthz_and_nodes_show_the_cluster() {
     };
     assert!(body.starts_with("ok node="), "{body}");
     let line = body.lines().find(|l| l.starts_with("  node=")).expect(&body);
-    let want = format!("region=local shards=64 database=\"embedded:{}", dir.path().display());
+    let want = format!("region=local shard_leases=64 database=\"embedded:{}", dir.path().display());
     assert!(line.contains(&want), "{line}");
     assert!(line.contains("heartbeat_age_ms="), "{line}");
     let endpoint = format!("http://127.0.0.1:{grpc}");

@@ -50,7 +50,7 @@ pub(super) async fn healthz(State(node): State<Node>) -> Response {
     }
 }
 
-/// `cluster nodes=N` then, per node, `  node=… region=… shards=… database="…"
+/// `cluster nodes=N` then, per node, `  node=… region=… shard_leases=… database="…"
 /// last_commit_ms=… heartbeat_age_ms=… version=…` — or why the list could not be read.
 async fn cluster_lines(node: &Node) -> String {
     let wait = Duration::from_millis(HEALTHZ_CLUSTER_WAIT_MS);
@@ -65,7 +65,7 @@ async fn cluster_lines(node: &Node) -> String {
         let commit_ms = r.last_commit_us as f64 / 1000.0;
         let _ = writeln!(
             out,
-            "  node={} region={} shards={} database={:?} last_commit_ms={commit_ms:.3} \
+            "  node={} region={} shard_leases={} database={:?} last_commit_ms={commit_ms:.3} \
              heartbeat_age_ms={} version={}",
             r.node_id, r.region, n.shards, r.database, n.heartbeat_age_ms, r.version
         );

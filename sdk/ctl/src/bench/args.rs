@@ -56,6 +56,11 @@ pub enum Command {
     /// during the flood against its baseline.
     #[command(alias = "S6")]
     S6(Args),
+    /// Due now, end to end: workers first, then --count executions submitted due at once
+    /// (no execute_at; --delayed-share of them delayed by --delay-ms), as fast as the node
+    /// takes them; completions/s from the first submission to the last start, lateness.
+    #[command(alias = "S7")]
+    S7(Args),
     /// A worker process of the generator (spawned by it).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -71,6 +76,7 @@ impl Command {
             Command::S4(a) => (Scenario::S4, a),
             Command::S5(a) => (Scenario::S5, a),
             Command::S6(a) => (Scenario::S6, a),
+            Command::S7(a) => (Scenario::S7, a),
             Command::Worker(w) => return Err(w),
         };
         a.scenario = scenario;
@@ -95,6 +101,8 @@ pub enum Scenario {
     S5,
     /// Fairness.
     S6,
+    /// Due now, end to end.
+    S7,
 }
 
 impl Scenario {
@@ -107,6 +115,7 @@ impl Scenario {
             Scenario::S4 => "s4",
             Scenario::S5 => "s5",
             Scenario::S6 => "s6",
+            Scenario::S7 => "s7",
         }
     }
 }
@@ -196,6 +205,12 @@ pub struct Args {
     /// s6: executions per second the second namespace submits.
     #[arg(long, value_name = "N", default_value = "10", value_parser = positive, help_heading = "Sizes")]
     pub trickle: u64,
+    /// s7: the share of executions delayed by --delay-ms (0: all due now; 0.5: a 50/50 mix).
+    #[arg(long, value_name = "F", default_value = "0", value_parser = share, help_heading = "Sizes")]
+    pub delayed_share: f64,
+    /// s7: the delay of the delayed share.
+    #[arg(long, value_name = "MS", default_value = "1000", value_parser = number::<u64>, help_heading = "Sizes")]
+    pub delay_ms: u64,
     /// s5: fraction of the burst started before the SIGKILL.
     #[arg(long, value_name = "F", default_value = "0.3", value_parser = fraction, help_heading = "Sizes")]
     pub kill_at: f64,
@@ -280,6 +295,7 @@ impl Args {
     pub fn count(&self) -> u64 {
         self.count.unwrap_or(match (self.scenario, self.quick) {
             (Scenario::S5, false) => 50_000,
+            (Scenario::S7, false) => 20_000,
             (Scenario::S1, true) => 5_000,
             (_, true) => 2_000,
             (_, false) => 100_000,
@@ -337,6 +353,13 @@ fn fraction(v: &str) -> Result<f64, String> {
     match number::<f64>(v)? {
         f if f > 0.0 && f < 1.0 => Ok(f),
         _ => Err("a fraction between 0 and 1 (e.g. 0.3)".into()),
+    }
+}
+
+fn share(v: &str) -> Result<f64, String> {
+    match number::<f64>(v)? {
+        f if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err("a share from 0 to 1 (e.g. 0.5)".into()),
     }
 }
 

@@ -1,4 +1,4 @@
-//! `kairosctl bench <s1|s2|s3|s4|s5|s6>`: the load generator (see docs/load-generator.md).
+//! `kairosctl bench <s1|…|s7>`: the load generator (see docs/load-generator.md).
 //!
 //! Everything goes through the public gRPC API, with the node, the workers and the generator
 //! in separate processes: by default the bench spawns `kairos dev` on a fresh data dir and
@@ -6,11 +6,12 @@
 //! itself (`kairosctl bench worker`, [`workers`]) whose handlers report each start on stdout,
 //! submits ([`submit`]) and matches starts against submissions ([`track`]); [`env`] holds what
 //! every scenario works with. The scenarios live in [`throughput`] (s1), [`burst`] (s2, s5),
-//! [`precision`] (s3, s4) and [`fairness`] (s6); [`stats`] prints the table and the final JSON
+//! [`precision`] (s3, s4), [`fairness`] (s6) and [`duenow`] (s7); [`stats`] prints the table and the final JSON
 //! line.
 
 pub mod args;
 mod burst;
+mod duenow;
 mod env;
 mod fairness;
 mod node;
@@ -115,6 +116,7 @@ async fn run(args: Args) -> i32 {
         Scenario::S4 => precision::run_s4(&mut env).await,
         Scenario::S5 => burst::run(&mut env, true).await,
         Scenario::S6 => fairness::run(&mut env).await,
+        Scenario::S7 => duenow::run(&mut env).await,
     };
     env.shutdown().await;
     let report = match result {

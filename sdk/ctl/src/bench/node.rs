@@ -144,7 +144,9 @@ fn healthz(port: u16) -> std::io::Result<(u16, String)> {
     s.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw).into_owned();
     let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.trim().to_string()).unwrap_or_default();
+    // Its first line: this node's own state (the lines after it list the cluster's nodes).
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let body = body.lines().next().unwrap_or_default().trim().to_string();
     Ok((code, body))
 }
 

@@ -1,4 +1,5 @@
-//! API keys, the audit log, the caller and a namespace's limits (`AdminService`).
+//! API keys, the audit log, the caller, a namespace's limits and online backups
+//! (`AdminService`).
 
 use kairos_proto::v1::*;
 
@@ -59,5 +60,14 @@ impl Client {
     pub async fn limits(&self) -> Result<LimitsResponse, Error> {
         let req = LimitsRequest { namespace: self.namespace.clone() };
         self.call(self.timeout, self.admin().limits(req)).await
+    }
+
+    /// Starts an online backup of the node's embedded store (an admin key of namespace `*`):
+    /// the node takes one consistent snapshot while it serves, then streams the store file.
+    /// The first chunk says the file's size and the snapshot's version; read every chunk with
+    /// `message()` (no per-call time-out applies to the stream). The node refuses
+    /// (FAILED_PRECONDITION) on a postgres or fdb backend.
+    pub async fn backup(&self) -> Result<tonic::Streaming<BackupChunk>, Error> {
+        self.call(self.timeout, self.admin().backup(BackupRequest {})).await
     }
 }

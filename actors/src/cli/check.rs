@@ -114,7 +114,7 @@ fn open_embedded(
     }
 }
 
-async fn check(db: &Database, cluster: &str) -> anyhow::Result<CheckReport> {
+pub(super) async fn check(db: &Database, cluster: &str) -> anyhow::Result<CheckReport> {
     let ks = Keyspace::new(cluster);
     let mut next = 100_000;
     let report = check_records(db, &ks, |keys| {
@@ -128,7 +128,7 @@ async fn check(db: &Database, cluster: &str) -> anyhow::Result<CheckReport> {
     Ok(report)
 }
 
-fn print_report(r: &CheckReport) {
+pub(super) fn print_report(r: &CheckReport) {
     println!("records: {} keys read, {} executions", r.keys, r.executions);
     if let Some(at) = &r.stopped {
         println!(

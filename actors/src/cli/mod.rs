@@ -7,6 +7,8 @@
 //! kairos admin-key [flags] a new admin key of every namespace, on a stopped node (recovery)
 //! kairos migrate [--dry-run] upgrades a stopped node's store to this binary's keyspace format
 //! kairos config check FILE reports every unknown key and bad value of a settings file
+//! kairos backup --to FILE  an online backup of a running node's embedded store
+//! kairos restore FILE --data-dir DIR  a backup verified and made a data directory's store
 //! kairos worker --queue Q runs the generic executors for one queue
 //! kairos completions SHELL
 //! ```
@@ -18,11 +20,13 @@
 #![allow(clippy::disallowed_methods)] // the command line runs on the wall clock
 
 mod admin_key;
+mod backup;
 pub mod check;
 mod config_check;
 mod files;
 mod marker;
 mod migrate;
+mod restore;
 mod serve;
 mod settings_doc;
 mod signal;
@@ -71,6 +75,12 @@ enum Command {
     /// value with its line.
     #[command(subcommand)]
     Config(config_check::ConfigCommand),
+    /// An online backup of a running node's embedded store, through its gRPC API (an admin
+    /// key of namespace `*`): one consistent snapshot, written to FILE whole or not at all.
+    Backup(backup::BackupArgs),
+    /// Verifies a backup (engine pages, then every record) and makes it the store of a data
+    /// directory (empty, unless --force).
+    Restore(restore::RestoreArgs),
     /// Runs the generic executors (`command` and `http` definitions) for one queue.
     Worker(WorkerArgs),
     /// Prints a shell completion script, e.g. `kairos completions bash`.
@@ -338,6 +348,8 @@ fn run_command(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Config(c) => config_check::run(c),
+        Command::Backup(a) => runtime()?.block_on(backup::run(a)),
+        Command::Restore(a) => runtime()?.block_on(restore::run(a)),
         Command::Worker(a) => runtime()?.block_on(worker(a)),
         Command::Completions { shell } => {
             // Written whole, then printed: clap_complete panics when stdout is closed, and a

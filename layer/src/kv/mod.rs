@@ -183,6 +183,28 @@ pub trait KvDatabase: Send + Sync + 'static {
     fn write_counts(&self) -> Option<WriteCounts> {
         None
     }
+    /// Copies one consistent snapshot of the store into a new store file at `to` while the
+    /// store serves (the embedded backend; others refuse: their own tools back them up).
+    fn backup_to<'a>(&'a self, to: &'a std::path::Path) -> BoxFuture<'a, Result<BackupReport>> {
+        let _ = to;
+        let backend = self.backend_name();
+        Box::pin(async move {
+            Err(Error::InvalidOperation(format!(
+                "backup: the {backend} backend has no online backup through the node"
+            )))
+        })
+    }
+}
+
+/// What an online backup ([`KvDatabase::backup_to`]) copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupReport {
+    /// The snapshot's version: every commit acknowledged before the backup began is in it.
+    pub version: u64,
+    /// Keys copied.
+    pub keys: u64,
+    /// Bytes of keys and values copied.
+    pub bytes: u64,
 }
 
 /// One transaction of a [`KvDatabase`].
@@ -306,6 +328,11 @@ impl Database {
     /// (memory, embedded); see [`KvDatabase::write_counts`].
     pub fn write_counts(&self) -> Option<WriteCounts> {
         self.inner.write_counts()
+    }
+
+    /// An online backup into a new store file; see [`KvDatabase::backup_to`].
+    pub async fn backup_to(&self, to: &std::path::Path) -> Result<BackupReport> {
+        self.inner.backup_to(to).await
     }
 }
 

@@ -1,4 +1,5 @@
-//! API keys, the audit log, the caller, a namespace's limits and its queues (`AdminService`).
+//! API keys, the audit log, the caller, a namespace's limits, its queues and online backups
+//! (`AdminService`).
 
 use kairos_proto::v1::*;
 
@@ -67,5 +68,14 @@ impl Client {
     pub async fn queues(&self, all: bool) -> Result<QueuesResponse, Error> {
         let namespace = if all { "*".to_string() } else { self.namespace.clone() };
         self.call(self.timeout, self.admin().queues(QueuesRequest { namespace })).await
+    }
+
+    /// Starts an online backup of the node's embedded store (an admin key of namespace `*`):
+    /// the node takes one consistent snapshot while it serves, then streams the store file.
+    /// The first chunk says the file's size and the snapshot's version; read every chunk with
+    /// `message()` (no per-call time-out applies to the stream). The node refuses
+    /// (FAILED_PRECONDITION) on a postgres or fdb backend.
+    pub async fn backup(&self) -> Result<tonic::Streaming<BackupChunk>, Error> {
+        self.call(self.timeout, self.admin().backup(BackupRequest {})).await
     }
 }

@@ -15,6 +15,17 @@ use kairos_layer::state::is_terminal;
 
 #[tonic::async_trait]
 impl AdminService for Api {
+    type BackupStream = super::backup::BackupStream;
+
+    async fn backup(&self, req: Request<BackupRequest>) -> Reply<Self::BackupStream> {
+        self.authorize(&req, ALL, Scope::Admin).await?;
+        let db = self.node.scheduler().database().clone();
+        if let Some(refused) = super::backup::refused(db.backend_name()) {
+            return Err(refused);
+        }
+        ok(super::backup::start(db, &self.node.config().data_dir))
+    }
+
     async fn nodes(&self, req: Request<Empty>) -> Reply<NodesResponse> {
         self.authorize(&req, ALL, Scope::Admin).await?;
         let nodes = self.node.cluster_nodes().await.map_err(|e| status(&e))?;

@@ -1,11 +1,12 @@
 //! The `kairos.v1` gRPC services over a [`Node`], one file per service: [`executions`],
 //! [`workers`] (with the `Work` stream in [`work`], results in [`results`]), [`definitions`],
-//! [`admin`], [`cron`].
+//! [`admin`] (online backups in `backup`), [`cron`].
 //! Here: what they share — the caller's principal, a cache of definition versions, claimed
 //! executions as tasks — and serving them. Every accepted connection gets `TCP_NODELAY`:
 //! without it each reply's last frame waits for the client's delayed ACK (~40 ms per call).
 
 pub mod admin;
+mod backup;
 pub mod cron;
 pub mod definitions;
 pub mod executions;

@@ -13,16 +13,7 @@ use crate::kv::limits::key_after;
 /// Bytes of pairs one transaction of the copy writes (within the transaction budget).
 const BACKUP_CHUNK_BYTES: usize = 4 << 20;
 
-/// What a backup copied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BackupReport {
-    /// The snapshot's version: every commit acknowledged before the backup began is in it.
-    pub version: u64,
-    /// Keys copied.
-    pub keys: u64,
-    /// Bytes of keys and values copied.
-    pub bytes: u64,
-}
+pub use crate::kv::BackupReport;
 
 impl EmbeddedDatabase {
     /// Copies every key of one snapshot of this store into a new store file at `to` (refused

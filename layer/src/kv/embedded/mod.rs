@@ -527,6 +527,10 @@ impl KvDatabase for EmbeddedDatabase {
         self.shared.engine.health()
     }
 
+    fn backup_to<'a>(&'a self, to: &'a Path) -> BoxFuture<'a, Result<BackupReport>> {
+        Box::pin(EmbeddedDatabase::backup_to(self, to))
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             self.shared.closed.store(true, Ordering::Release);

@@ -37,6 +37,8 @@ pub const UNWATCHED_RECLAIM_MS: u64 = 500;
 pub const CRON_ROUNDS_IN_FLIGHT_MAX: usize = 16;
 
 // The API.
+/// Minutes the console's last-hour charts keep, one bucket each (`server::recent`).
+pub const RECENT_MINUTES: usize = 60;
 /// API keys the node caches at most (then the cache starts over).
 pub const AUTH_CACHE_KEYS_MAX: usize = 10_000;
 /// Definition versions the gRPC API caches at most (versions are immutable, so the cache is never stale).

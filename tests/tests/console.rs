@@ -382,3 +382,75 @@ fn schedules_preview_across_dst_create_and_pause() {
     b.goto(&c.url("/ui/schedules"));
     assert!(b.text("#schedules").contains("monthly-report"));
 }
+
+/// No worker serves this queue: what is submitted to it waits READY.
+const IDLE: &str =
+    "name: idle\nversion: 1\nqueue: idle\nexecution:\n  type: command\n  command: [\"true\"]\n";
+
+/// The overview's cluster sections: a queue without workers with its depth and oldest READY
+/// age, the worker streaming on this node with its credits, the node and its shard leases
+/// (admins; another key is told it lacks `admin`), and the last hour's completions and
+/// lateness as charts; at a phone's width nothing scrolls sideways.
+#[test]
+#[ignore = "needs Debian's chromium and chromium-driver; .ci/console installs them and runs it"]
+fn overview_queues_workers_nodes_and_the_last_hour() {
+    let c = start();
+    let (status, v) = api(c.http, &c.operator, "POST", "/definitions", &[], IDLE.as_bytes());
+    assert!(status == 201 || status == 200, "{status} {v}");
+    for i in 0..3 {
+        let id = c.submit("echo", &format!("overview-{i}"));
+        c.wait_status(&id, "SUCCEEDED");
+    }
+    for i in 0..2 {
+        let body =
+            json!({"definitionUri": "registry://jobs/idle", "definitionVersion": 1, "delayMs": 0})
+                .to_string();
+        let key = format!("idle-{i}");
+        let (status, v) = api(
+            c.http,
+            &c.operator,
+            "POST",
+            "/executions",
+            &[("Idempotency-Key", &key)],
+            body.as_bytes(),
+        );
+        assert_eq!(status, 201, "{v}");
+    }
+    let b = Browser::start();
+    sign_in(&b, &c, &c.admin);
+    b.goto(&c.url("/ui/"));
+    let queues = b.wait_text("#queues", 10, |t| t.contains("idle"));
+    let idle_row = queues.lines().find(|l| l.contains("idle")).unwrap_or_default().to_string();
+    assert!(idle_row.contains('2'), "two READY in the queue without workers: {queues}");
+    assert!(queues.contains("ms") || queues.contains(" s"), "the oldest READY age: {queues}");
+    let workers = b.text("#workers");
+    assert!(
+        workers.contains("console-worker-1") && workers.contains("stream"),
+        "the worker and its stream: {workers}"
+    );
+    let health = b.text("#health");
+    let node_id = health.split("node=").nth(1).unwrap().split(' ').next().unwrap().to_string();
+    let nodes = b.text("#nodes");
+    assert!(nodes.contains(&node_id), "this node among the live ones: {nodes}");
+    assert!(b.text("main").contains("leased"), "the shard leases counted");
+    b.find("#completions-chart");
+    b.find("#lateness-chart");
+    let totals = b.text("#last-hour-totals");
+    let finished: u64 = totals.split(' ').next().unwrap().parse().unwrap();
+    assert!(finished >= 3, "the three echoes finished this hour: {totals}");
+    b.run("document.getElementById('completions-chart').scrollIntoView();", json!([]));
+    b.screenshot(&shots().join("overview-cluster.png"));
+    b.resize(390, 844);
+    let fits =
+        b.run("return document.documentElement.scrollWidth <= window.innerWidth + 1;", json!([]));
+    b.screenshot(&shots().join("overview-phone.png"));
+    assert_eq!(fits, json!(true), "the overview fits a phone's width");
+
+    // Another key sees its queues and workers, and is told why not the nodes.
+    let b = Browser::start();
+    sign_in(&b, &c, &c.operator);
+    b.goto(&c.url("/ui/"));
+    assert!(b.text("#queues").contains("idle"));
+    let refused = b.text("#nodes-refused");
+    assert!(refused.contains("`admin`") || refused.contains("every namespace"), "{refused}");
+}

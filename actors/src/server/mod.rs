@@ -6,5 +6,6 @@ pub mod conns;
 pub mod log_limit;
 pub mod metrics;
 pub mod quota;
+pub mod recent;
 pub mod telemetry;
 pub mod tls;

@@ -13,6 +13,7 @@ use axum::Router;
 use axum::response::Redirect;
 use axum::routing::{get, post};
 
+mod cluster;
 mod core;
 mod executions;
 mod html;

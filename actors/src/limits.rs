@@ -88,5 +88,6 @@ pub const CLOCK_SKEW_MAX_MS: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
 // The web console (`api::console`).
 /// Largest API reply the console reads (an execution's output is capped far below this).
 pub const CONSOLE_API_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
-/// Most executions one bulk cancel / replay takes (a page of the search).
-pub const CONSOLE_BULK_MAX: usize = 50;
+/// Most executions one bulk cancel / replay takes: the first this many the search matches
+/// (one API list page; the confirmation states it). Each is its own audited API call.
+pub const CONSOLE_BULK_MAX: usize = 1_000;

@@ -16,11 +16,13 @@ use axum::routing::{get, post};
 mod cluster;
 mod core;
 mod executions;
+mod filter;
 mod html;
 mod pages;
 mod schedules;
 use self::core::{Console, css, js, login, login_form, logout};
-use executions::{bulk, cancel, execution, executions, replay};
+use executions::{cancel, execution, executions, replay};
+use filter::bulk;
 use pages::{audit, definitions, overview};
 use schedules::{
     create_schedule, new_schedule, preview_fragment, schedule, schedule_action, schedules,

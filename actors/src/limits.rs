@@ -91,3 +91,9 @@ pub const CONSOLE_API_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Most executions one bulk cancel / replay takes: the first this many the search matches
 /// (one API list page; the confirmation states it). Each is its own audited API call.
 pub const CONSOLE_BULK_MAX: usize = 1_000;
+/// Most rows of a schedule's last runs (runs and occurrences without one), and the
+/// occurrences read to find those.
+pub const CONSOLE_RUNS_MAX: usize = 20;
+/// A run is marked late when its first attempt started (or it is still waiting) more than this
+/// after it was due.
+pub const CONSOLE_RUN_LATE_MS: i64 = 60_000;

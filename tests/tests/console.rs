@@ -570,3 +570,62 @@ fn executions_window_bulk_over_the_whole_set_and_namespaces() {
     b.screenshot(&shots().join("executions-namespace-phone.png"));
     assert_eq!(fits, json!(true), "the filters fit a phone's width");
 }
+
+/// Edit a schedule with the live preview (a bad expression named), and its last runs marked:
+/// a FAILED run `failed`, occurrences skipped by the overlap policy `skipped`.
+#[test]
+#[ignore = "needs Debian's chromium and chromium-driver; .ci/console installs them and runs it"]
+fn schedules_edit_and_runs_marked() {
+    let c = start();
+    let (status, v) = api(c.http, &c.operator, "POST", "/definitions", &[], FAIL.as_bytes());
+    assert!(status == 201 || status == 200, "{status} {v}");
+    let job = |id: &str, def: &str, expr: &str| {
+        let body = json!({"cronJobId": id, "definitionUri": format!("registry://jobs/{def}"),
+            "definitionVersion": 1, "expression": expr, "timezone": "UTC", "inputs": {"greeting": "cron"}})
+        .to_string();
+        let (status, v) = api(c.http, &c.operator, "POST", "/cron-jobs", &[], body.as_bytes());
+        assert_eq!(status, 201, "{v}");
+    };
+    // Every 2 s, each run 120 s long: after the first, the overlap policy (skip) skips them.
+    job("every-2s-slow", "slow", "*/2 * * * * *");
+    job("every-3s-fail", "fail", "*/3 * * * * *");
+    std::thread::sleep(Duration::from_secs(8));
+    let b = Browser::start();
+    sign_in(&b, &c, &c.operator);
+    b.goto(&c.url("/ui/schedules/every-2s-slow"));
+    let runs = b.wait_text("#runs", 20, |t| t.contains("skipped"));
+    assert!(runs.contains("no run") && runs.contains("RUNNING"), "{runs}");
+    b.screenshot(&shots().join("schedule-runs-skipped.png"));
+    b.goto(&c.url("/ui/schedules/every-3s-fail"));
+    let runs = b.wait_text("#runs", 20, |t| t.contains("failed"));
+    assert!(runs.contains("FAILED"), "{runs}");
+    b.screenshot(&shots().join("schedule-runs-failed.png"));
+
+    // Edit: a bad expression is named; a good one previews live (DST marked) and is saved.
+    b.click("#edit");
+    b.find("#save");
+    b.fill("#expression", "bogus");
+    b.click("#save");
+    let err = b.wait_text("#form-error", 10, |t| !t.is_empty());
+    assert!(err.starts_with("expression"), "{err}");
+    b.fill("#timezone", "Europe/Berlin");
+    b.fill("#expression", "0 12 1 * *");
+    let preview = b.wait_text("#preview", 10, |t| t.contains("DST change"));
+    assert!(preview.contains("12:00:00+01:00"), "{preview}");
+    b.screenshot(&shots().join("schedule-edit-preview.png"));
+    b.click("#save");
+    b.wait_text("#schedule-status", 10, |t| !t.is_empty());
+    assert!(b.url().ends_with("/ui/schedules/every-3s-fail"), "{}", b.url());
+    let (_, j) = api(c.http, &c.operator, "GET", "/cron-jobs/every-3s-fail", &[], b"");
+    assert_eq!(
+        (j["expression"].as_str(), j["timezone"].as_str()),
+        (Some("0 12 1 * *"), Some("Europe/Berlin")),
+        "{j}"
+    );
+    b.resize(390, 844);
+    b.goto(&c.url("/ui/schedules/every-3s-fail/edit"));
+    let fits =
+        b.run("return document.documentElement.scrollWidth <= window.innerWidth + 1;", json!([]));
+    b.screenshot(&shots().join("schedule-edit-phone.png"));
+    assert_eq!(fits, json!(true), "the edit form fits a phone's width");
+}

@@ -15,10 +15,12 @@ use axum::routing::{get, post};
 
 mod cluster;
 mod core;
+mod edit;
 mod executions;
 mod filter;
 mod html;
 mod pages;
+mod runs;
 mod schedules;
 use self::core::{Console, css, js, login, login_form, logout};
 use executions::{cancel, execution, executions, replay};
@@ -48,6 +50,7 @@ pub fn router(api: Router, node: crate::node::Node, secure: bool) -> Router {
         .route("/ui/schedules/new", get(new_schedule))
         .route("/ui/schedules/preview", get(preview_fragment))
         .route("/ui/schedules/{id}", get(schedule))
+        .route("/ui/schedules/{id}/edit", get(edit::edit_form).post(edit::edit_post))
         .route("/ui/schedules/{id}/{action}", post(schedule_action))
         .with_state(Console { api, node, secure })
 }

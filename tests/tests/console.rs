@@ -629,3 +629,63 @@ fn schedules_edit_and_runs_marked() {
     b.screenshot(&shots().join("schedule-edit-phone.png"));
     assert_eq!(fits, json!(true), "the edit form fits a phone's width");
 }
+
+/// The failed and quarantined page, and API keys: an admin lists, creates (the token shown
+/// once, and it works) and revokes (and it stops working); another key is refused naming
+/// `admin`. At a phone's width nothing scrolls sideways.
+#[test]
+#[ignore = "needs Debian's chromium and chromium-driver; .ci/console installs them and runs it"]
+fn failed_quarantined_and_api_keys() {
+    let c = start();
+    let (status, v) = api(c.http, &c.operator, "POST", "/definitions", &[], FAIL.as_bytes());
+    assert!(status == 201 || status == 200, "{status} {v}");
+    let (failed, _) = submit_in(&c, &c.operator, "default", "fail", 0, "k-fail");
+    c.wait_status(&failed, "FAILED");
+
+    let b = Browser::start();
+    sign_in(&b, &c, &c.operator);
+    b.goto(&c.url("/ui/failed"));
+    assert!(b.text("#executions").contains(&failed));
+    let refused = b.text("#quarantined-error");
+    assert!(refused.contains("`admin`") || refused.contains("every namespace"), "{refused}");
+    b.goto(&c.url("/ui/keys"));
+    let refused = b.text("#keys-error");
+    assert!(refused.contains("`admin`"), "{refused}");
+    b.screenshot(&shots().join("keys-refused.png"));
+
+    let b = Browser::start();
+    sign_in(&b, &c, &c.admin);
+    b.goto(&c.url("/ui/failed"));
+    assert!(b.text("#quarantined").contains("Nothing quarantined"));
+    b.resize(390, 844);
+    let fits =
+        b.run("return document.documentElement.scrollWidth <= window.innerWidth + 1;", json!([]));
+    b.screenshot(&shots().join("failed-phone.png"));
+    assert_eq!(fits, json!(true), "the failed page fits a phone's width");
+    b.resize(1280, 900);
+    b.goto(&c.url("/ui/keys"));
+    let keys = b.text("#keys");
+    assert!(keys.contains("operator") && keys.contains("reader"), "{keys}");
+    b.fill("#key-name", "made-in-console");
+    b.click("#scope-read");
+    b.click("#create-key");
+    let token = b.wait_text("#new-token", 10, |t| t.starts_with("kai_"));
+    let (status, me) = api(c.http, &token, "GET", "/whoami", &[], b"");
+    assert_eq!(status, 200, "the new key works: {me}");
+    assert_eq!(me["scopes"], json!(["read"]), "{me}");
+    b.screenshot(&shots().join("keys-created.png"));
+    let id = me["who"].as_str().unwrap().trim_start_matches("key:").to_string();
+    b.run("window.confirm = function () { return true; };", json!([]));
+    b.click(&format!("#revoke-{id}"));
+    b.wait_text("#keys", 10, |t| t.contains("made-in-console"));
+    let t = Instant::now();
+    while api(c.http, &token, "GET", "/whoami", &[], b"").0 != 401 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the revoked key still works");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.resize(390, 844);
+    let fits =
+        b.run("return document.documentElement.scrollWidth <= window.innerWidth + 1;", json!([]));
+    b.screenshot(&shots().join("keys-phone.png"));
+    assert_eq!(fits, json!(true), "the keys page fits a phone's width");
+}

@@ -74,7 +74,7 @@ pub(super) async fn executions(
     with_csrf(&c, &s, fresh, c.finish(&s, code, p))
 }
 
-fn executions_table(rows: &[Value]) -> String {
+pub(super) fn executions_table(rows: &[Value]) -> String {
     let mut out = String::new();
     out.push_str("<div class=\"table-wrap\" id=\"executions-live\" data-live><table id=\"executions\"><thead><tr><th scope=\"col\">Execution</th><th scope=\"col\">Definition</th><th scope=\"col\">Status</th><th scope=\"col\">Execute at</th><th scope=\"col\">Attempts</th><th scope=\"col\">Idempotency key</th></tr></thead><tbody>");
     if rows.is_empty() {

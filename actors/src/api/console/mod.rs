@@ -19,6 +19,7 @@ mod edit;
 mod executions;
 mod filter;
 mod html;
+mod keys;
 mod pages;
 mod runs;
 mod schedules;
@@ -46,6 +47,9 @@ pub fn router(api: Router, node: crate::node::Node, secure: bool) -> Router {
         .route("/ui/executions/{id}/replay", post(replay))
         .route("/ui/definitions", get(definitions))
         .route("/ui/audit", get(audit))
+        .route("/ui/failed", get(keys::failed))
+        .route("/ui/keys", get(keys::keys).post(keys::create_key))
+        .route("/ui/keys/{id}/revoke", post(keys::revoke_key))
         .route("/ui/schedules", get(schedules).post(create_schedule))
         .route("/ui/schedules/new", get(new_schedule))
         .route("/ui/schedules/preview", get(preview_fragment))

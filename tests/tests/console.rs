@@ -595,10 +595,12 @@ fn schedules_edit_and_runs_marked() {
     b.goto(&c.url("/ui/schedules/every-2s-slow"));
     let runs = b.wait_text("#runs", 20, |t| t.contains("skipped"));
     assert!(runs.contains("no run") && runs.contains("RUNNING"), "{runs}");
+    b.run("document.getElementById('runs').scrollIntoView();", json!([]));
     b.screenshot(&shots().join("schedule-runs-skipped.png"));
     b.goto(&c.url("/ui/schedules/every-3s-fail"));
     let runs = b.wait_text("#runs", 20, |t| t.contains("failed"));
     assert!(runs.contains("FAILED"), "{runs}");
+    b.run("document.getElementById('runs').scrollIntoView();", json!([]));
     b.screenshot(&shots().join("schedule-runs-failed.png"));
 
     // Edit: a bad expression is named; a good one previews live (DST marked) and is saved.

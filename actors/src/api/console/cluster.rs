@@ -17,11 +17,14 @@ fn refused(out: &mut String, id: &str, msg: &str) {
 }
 
 fn age(ms: i64) -> String {
-    match ms {
-        ..1_000 => format!("{ms} ms"),
-        ..120_000 => format!("{} s", ms / 1_000),
-        ..7_200_000 => format!("{} min", ms / 60_000),
-        _ => format!("{} h", ms / 3_600_000),
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else if ms < 120_000 {
+        format!("{} s", ms / 1_000)
+    } else if ms < 7_200_000 {
+        format!("{} min", ms / 60_000)
+    } else {
+        format!("{} h", ms / 3_600_000)
     }
 }
 

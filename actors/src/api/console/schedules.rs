@@ -159,6 +159,17 @@ pub(super) async fn schedule_form(
     schedule_form_for(c, s, who, f, err, status, None).await
 }
 
+/// The form's preview region's content, and its end.
+async fn preview(c: &Console, s: &Session, f: &[(String, String)]) -> String {
+    let mut out = if field(f, "expression").is_empty() {
+        "<p class=\"readonly\">Type an expression to see its next occurrences.</p>".to_string()
+    } else {
+        occurrences_table(c, s, field(f, "expression"), field(f, "timezone"), 5).await
+    };
+    out.push_str("</div>");
+    out
+}
+
 /// The create form, or (`edit`: the schedule's id) the edit form, with the live preview.
 pub(super) async fn schedule_form_for(
     c: &Console,
@@ -222,15 +233,7 @@ pub(super) async fn schedule_form_for(
         tz,
         inputs
     );
-    if !field(f, "expression").is_empty() {
-        p.body.push_str(
-            &occurrences_table(c, s, field(f, "expression"), field(f, "timezone"), 5).await,
-        );
-    } else {
-        p.body
-            .push_str("<p class=\"readonly\">Type an expression to see its next occurrences.</p>");
-    }
-    p.body.push_str("</div>");
+    p.body.push_str(&preview(c, s, f).await);
     c.finish(s, status, p)
 }
 

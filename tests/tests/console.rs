@@ -683,7 +683,7 @@ fn a_key_of_every_namespace_searches_another(c: &Cluster, late: &str) {
     assert!(status == 201 || status == 200, "{status} {v}");
     let (other, _) = submit_in(c, &c.admin, "other", "echo", 3_600_000, "w-other");
     let b = Browser::start();
-    sign_in(&b, &c, &c.admin);
+    sign_in(&b, c, &c.admin);
     b.goto(&c.url("/ui/executions"));
     b.fill("#f-namespace", "other");
     b.click("form[role=search] button");

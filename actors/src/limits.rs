@@ -37,6 +37,8 @@ pub const UNWATCHED_RECLAIM_MS: u64 = 500;
 pub const CRON_ROUNDS_IN_FLIGHT_MAX: usize = 16;
 
 // The API.
+/// Minutes the console's last-hour charts keep, one bucket each (`server::recent`).
+pub const RECENT_MINUTES: usize = 60;
 /// API keys the node caches at most (then the cache starts over).
 pub const AUTH_CACHE_KEYS_MAX: usize = 10_000;
 /// Definition versions the gRPC API caches at most (versions are immutable, so the cache is never stale).
@@ -86,8 +88,15 @@ pub const CLOCK_SKEW_MAX_MS: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
 // The web console (`api::console`).
 /// Largest API reply the console reads (an execution's output is capped far below this).
 pub const CONSOLE_API_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
-/// Most executions one bulk cancel / replay takes (a page of the search).
-pub const CONSOLE_BULK_MAX: usize = 50;
+/// Most executions one bulk cancel / replay takes: the first this many the search matches
+/// (one API list page; the confirmation states it). Each is its own audited API call.
+pub const CONSOLE_BULK_MAX: usize = 1_000;
+/// Most rows of a schedule's last runs (runs and occurrences without one), and the
+/// occurrences read to find those.
+pub const CONSOLE_RUNS_MAX: usize = 20;
+/// A run is marked late when its first attempt started (or it is still waiting) more than this
+/// after it was due.
+pub const CONSOLE_RUN_LATE_MS: i64 = 60_000;
 
 // The HTTP API.
 /// How long `/healthz` waits for the store's list of nodes and leases before answering with

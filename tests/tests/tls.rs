@@ -524,3 +524,24 @@ async fn api_keys_over_tls() {
     let r = https_get(http_addr, &ca.pem(), "/definitions").await.unwrap();
     assert!(r.starts_with("HTTP/1.1 401"), "{r}");
 }
+
+/// The web console over TLS: its session cookies (here the CSRF token's, set on the first page)
+/// are marked `Secure`, so a browser never sends them over plain HTTP; and `HttpOnly`,
+/// `SameSite=Strict`, scoped to `/ui`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_session_cookie_is_secure_under_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("kairos test CA");
+    let (files, _) = server_files(dir.path(), &ca, None);
+    let tls = ServerTls::load(files).unwrap();
+    let (_node, _, http) = serve(&tls).await;
+    let r = https_get(http, &ca.pem(), "/ui/executions").await.unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let cookie = r
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie: kairos_csrf="))
+        .unwrap_or_else(|| panic!("no session cookie set: {r}"));
+    for part in ["; Secure", "; HttpOnly", "; SameSite=Strict", "; Path=/ui"] {
+        assert!(cookie.contains(part), "{part} missing: {cookie}");
+    }
+}

@@ -122,6 +122,16 @@ impl Node {
         self.inner.store_doubt.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The workers waiting on this node, with their credits (the console's overview).
+    pub fn workers(&self) -> Vec<crate::runtime::matchmaker::WaitingWorker> {
+        self.ctx().matchmaker.waiting_workers()
+    }
+
+    /// This node's last hour, minute by minute (`server::recent`), by its clock.
+    pub fn last_hour(&self) -> Vec<crate::server::recent::MinuteView> {
+        self.ctx().metrics.last_hour.minutes(self.ctx().now_ms())
+    }
+
     /// Shards this node currently owns.
     pub fn owned_shards(&self) -> Vec<u32> {
         self.ctx().routes.owned_shards()

@@ -15,6 +15,7 @@ use kairos_layer::ops::fire::{FireOutcome, Fired};
 use kairos_layer::ops::submit::Submitted;
 use kairos_layer::ops::worker::{HeartbeatOutcome, Outcome, Report};
 use kairos_layer::ops::{self, Error, timer_of};
+use kairos_layer::state::is_terminal;
 use kairos_proto::storage::v1::{CronJob, Execution, ExecutionStatus, TimerKind};
 
 use super::context::{Ctx, send_after};
@@ -63,6 +64,8 @@ pub(crate) fn reported(ctx: &Ctx, kinds: &[&'static str], out: &[ops::Result<Exe
             }
         }
     }
+    let done = out.iter().filter(|r| r.as_ref().is_ok_and(|e| is_terminal(e.status()))).count();
+    m.last_hour.completed(ctx.now_ms(), done as u64);
     tell_finished(ctx, finished);
 }
 
@@ -168,6 +171,7 @@ pub(crate) fn delivered(ctx: &Ctx, claimed: &[Claimed]) {
         if c.attempt.number == 1 {
             let late = u64::try_from(now - c.execution.execute_at_ms).unwrap_or(0);
             m.lateness_start.observe(Duration::from_millis(late));
+            m.last_hour.started(now, late);
         }
         if let Some(t) = timer_of(&c.execution) {
             ctx.routes.timer_hint(t);

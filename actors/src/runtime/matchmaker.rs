@@ -50,6 +50,23 @@ impl Queue {
     }
 }
 
+/// A waiting worker slot as [`Matchmaker::workers`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingWorker {
+    /// Namespace.
+    pub namespace: String,
+    /// Queue.
+    pub queue: String,
+    /// The worker's id.
+    pub worker_id: String,
+    /// A long poll (else a stream).
+    pub poll: bool,
+    /// Free slots it holds now.
+    pub credits: usize,
+    /// The queue's concurrency limit on this node, if any.
+    pub limit: Option<usize>,
+}
+
 /// The ledger. See the module docs.
 #[derive(Debug, Default)]
 pub struct Matchmaker {
@@ -169,6 +186,24 @@ impl Matchmaker {
         m.iter()
             .filter(|(_, q)| q.slots.values().any(|s| !s.buffer))
             .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// This node's waiting workers, queue by queue: each stream's or poll's slot with the
+    /// credits it holds now (dispatch buffers left out). For the console's overview.
+    pub fn waiting_workers(&self) -> Vec<WaitingWorker> {
+        let m = self.lock();
+        m.iter()
+            .flat_map(|(q, queue)| {
+                queue.slots.values().filter(|s| !s.buffer).map(|s| WaitingWorker {
+                    namespace: q.0.clone(),
+                    queue: q.1.clone(),
+                    worker_id: s.worker_id.clone(),
+                    poll: s.poll,
+                    credits: s.credits,
+                    limit: queue.limit,
+                })
+            })
             .collect()
     }
 

@@ -132,6 +132,8 @@ pub const OUTCOMES: [&str; 6] =
 /// The node's metrics. One per node, shared by its actors.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// The last hour minute by minute (completions, start lateness), for the console.
+    pub last_hour: super::recent::LastHour,
     /// `execute_at` → READY.
     pub lateness_ready: Histogram,
     /// `execute_at` → attempt start (first attempts).

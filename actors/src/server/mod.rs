@@ -7,5 +7,6 @@ mod database;
 pub mod log_limit;
 pub mod metrics;
 pub mod quota;
+pub mod recent;
 pub mod telemetry;
 pub mod tls;

@@ -145,6 +145,7 @@ impl Console {
         Ok(Who {
             who: r.body["who"].as_str().unwrap_or_default().to_string(),
             can_act: scopes.iter().any(|x| x == "submit" || x == "admin"),
+            key_namespace: r.body["namespace"].as_str().unwrap_or("*").to_string(),
             scopes,
             auth_on: r.body["authentication"].as_bool().unwrap_or(true),
         })
@@ -194,6 +195,8 @@ pub(super) struct Who {
     pub(super) scopes: Vec<String>,
     pub(super) can_act: bool,
     pub(super) auth_on: bool,
+    /// The key's namespace (`*`: every namespace).
+    pub(super) key_namespace: String,
 }
 
 pub(super) fn random_token() -> String {

@@ -69,7 +69,7 @@ impl Page {
             h.push_str(
                 "<nav aria-label=\"Console\"><a href=\"/ui/\">Overview</a><a href=\"/ui/executions\">Executions</a>\
                  <a href=\"/ui/schedules\">Schedules</a><a href=\"/ui/definitions\">Definitions</a>\
-                 <a href=\"/ui/audit\">Audit</a></nav>",
+                 <a href=\"/ui/failed\">Failed</a><a href=\"/ui/audit\">Audit</a><a href=\"/ui/keys\">Keys</a></nav>",
             );
             let _ = write!(
                 h,

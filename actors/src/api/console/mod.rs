@@ -13,13 +13,19 @@ use axum::Router;
 use axum::response::Redirect;
 use axum::routing::{get, post};
 
+mod cluster;
 mod core;
+mod edit;
 mod executions;
+mod filter;
 mod html;
+mod keys;
 mod pages;
+mod runs;
 mod schedules;
 use self::core::{Console, css, js, login, login_form, logout};
-use executions::{bulk, cancel, execution, executions, replay};
+use executions::{cancel, execution, executions, replay};
+use filter::bulk;
 use pages::{audit, definitions, overview};
 use schedules::{
     create_schedule, new_schedule, preview_fragment, schedule, schedule_action, schedules,
@@ -41,10 +47,14 @@ pub fn router(api: Router, node: crate::node::Node, secure: bool) -> Router {
         .route("/ui/executions/{id}/replay", post(replay))
         .route("/ui/definitions", get(definitions))
         .route("/ui/audit", get(audit))
+        .route("/ui/failed", get(keys::failed))
+        .route("/ui/keys", get(keys::keys).post(keys::create_key))
+        .route("/ui/keys/{id}/revoke", post(keys::revoke_key))
         .route("/ui/schedules", get(schedules).post(create_schedule))
         .route("/ui/schedules/new", get(new_schedule))
         .route("/ui/schedules/preview", get(preview_fragment))
         .route("/ui/schedules/{id}", get(schedule))
+        .route("/ui/schedules/{id}/edit", get(edit::edit_form).post(edit::edit_post))
         .route("/ui/schedules/{id}/{action}", post(schedule_action))
         .with_state(Console { api, node, secure })
 }

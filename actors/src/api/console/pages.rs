@@ -162,7 +162,7 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Re
     p.body.push_str(&status_chart(&counts));
     let _ = write!(
         p.body,
-        "<h2>This node</h2><dl class=\"facts\"><dt>Health</dt><dd id=\"health\"><code>{}</code></dd><dt>Readiness</dt><dd><code>{}</code></dd>\
+        "<h2>This node</h2><dl class=\"facts\"><dt>Store health</dt><dd id=\"health\"><code>{}</code></dd><dt>Readiness</dt><dd><code>{}</code></dd>\
          <dt>Shard leases held</dt><dd>{}</dd><dt>Submitted</dt><dd>{}</dd><dt>Claimed by workers</dt><dd>{}</dd><dt>Timers fired</dt><dd>{}</dd>\
          <dt>Quarantined</dt><dd>{}</dd><dt>Cron missed / skipped</dt><dd>{} / {}</dd>",
         esc(health.body.as_str().unwrap_or_default().trim()),
@@ -189,7 +189,9 @@ pub(super) async fn overview(State(c): State<Console>, headers: HeaderMap) -> Re
         };
         let _ = write!(p.body, "<dt>{label}</dt><dd>{}</dd>", esc(&text));
     }
-    p.body.push_str("</dl></div>");
+    p.body.push_str("</dl>");
+    p.body.push_str(&super::cluster::sections(&c, &s).await);
+    p.body.push_str("</div>");
     with_csrf(&c, &s, fresh, c.finish(&s, StatusCode::OK, p))
 }
 

@@ -43,7 +43,7 @@ pub(super) async fn occurrences_table(
         );
     }
     let mut out = String::from(
-        "<table class=\"occurrences\"><thead><tr><th scope=\"col\">In the schedule's zone</th><th scope=\"col\">UTC</th><th scope=\"col\"></th></tr></thead><tbody>",
+        "<div class=\"table-wrap\"><table class=\"occurrences\"><thead><tr><th scope=\"col\">In the schedule's zone</th><th scope=\"col\">UTC</th><th scope=\"col\"></th></tr></thead><tbody>",
     );
     let mut prev_offset: Option<String> = None;
     for o in r.body["occurrences"].as_array().cloned().unwrap_or_default() {
@@ -67,7 +67,7 @@ pub(super) async fn occurrences_table(
         );
         prev_offset = Some(offset);
     }
-    out.push_str("</tbody></table>");
+    out.push_str("</tbody></table></div>");
     out
 }
 
@@ -156,8 +156,33 @@ pub(super) async fn schedule_form(
     err: Option<(String, String)>,
     status: StatusCode,
 ) -> Response {
-    let mut p = c.page(s, Some(who), "New schedule");
-    p.body.push_str("<h1>New schedule</h1>");
+    schedule_form_for(c, s, who, f, err, status, None).await
+}
+
+/// The form's preview region's content, and its end.
+async fn preview(c: &Console, s: &Session, f: &[(String, String)]) -> String {
+    let mut out = if field(f, "expression").is_empty() {
+        "<p class=\"readonly\">Type an expression to see its next occurrences.</p>".to_string()
+    } else {
+        occurrences_table(c, s, field(f, "expression"), field(f, "timezone"), 5).await
+    };
+    out.push_str("</div>");
+    out
+}
+
+/// The create form, or (`edit`: the schedule's id) the edit form, with the live preview.
+pub(super) async fn schedule_form_for(
+    c: &Console,
+    s: &Session,
+    who: &Who,
+    f: &[(String, String)],
+    err: Option<(String, String)>,
+    status: StatusCode,
+    edit: Option<&str>,
+) -> Response {
+    let title = edit.map_or("New schedule".to_string(), |id| format!("Edit schedule {id}"));
+    let mut p = c.page(s, Some(who), &title);
+    let _ = write!(p.body, "<h1>{}</h1>", esc(&title));
     if let Some((fl, m)) = &err {
         let _ = write!(
             p.body,
@@ -174,36 +199,68 @@ pub(super) async fn schedule_form(
         v("definitionVersion")
     };
     let inputs = if field(f, "inputs").is_empty() { "{}".to_string() } else { v("inputs") };
+    let (action, id_field, button) = match edit {
+        None => (
+            "/ui/schedules".to_string(),
+            format!(
+                "<label for=\"cronJobId\">Id (optional)<input id=\"cronJobId\" name=\"cronJobId\" value=\"{}\"></label>",
+                v("cronJobId")
+            ),
+            "<button type=\"submit\" id=\"create\">Create</button>",
+        ),
+        Some(id) => (
+            format!("/ui/schedules/{}/edit", url_enc(id)),
+            String::new(),
+            "<button type=\"submit\" id=\"save\">Save</button>",
+        ),
+    };
     let _ = write!(
         p.body,
-        "<form class=\"stack\" method=\"post\" action=\"/ui/schedules\" data-preview=\"/ui/schedules/preview\">\
-         <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <label for=\"cronJobId\">Id (optional)<input id=\"cronJobId\" name=\"cronJobId\" value=\"{}\"></label>\
+        "<form class=\"stack\" method=\"post\" action=\"{}\" data-preview=\"/ui/schedules/preview\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{}\">{id_field}\
          <label for=\"definitionUri\">Definition<input id=\"definitionUri\" name=\"definitionUri\" value=\"{}\" placeholder=\"registry://jobs/echo\" required></label>\
          <label for=\"definitionVersion\">Definition version<input id=\"definitionVersion\" name=\"definitionVersion\" value=\"{}\" inputmode=\"numeric\"></label>\
          <label for=\"expression\">Cron expression<input id=\"expression\" name=\"expression\" value=\"{}\" placeholder=\"0 9 * * MON-FRI\" required></label>\
          <label for=\"timezone\">Time zone<input id=\"timezone\" name=\"timezone\" value=\"{}\" placeholder=\"Europe/Berlin\"></label>\
          <label for=\"inputs\">Inputs (JSON)<textarea id=\"inputs\" name=\"inputs\" rows=\"3\">{}</textarea></label>\
-         <button type=\"submit\" id=\"create\">Create</button></form>\
+         {button}</form>\
          <h2>Next occurrences</h2><div id=\"preview\" aria-live=\"polite\">",
+        esc(&action),
         esc(s.csrf.as_deref().unwrap_or_default()),
-        v("cronJobId"),
         v("definitionUri"),
         version,
         v("expression"),
         tz,
         inputs
     );
-    if !field(f, "expression").is_empty() {
-        p.body.push_str(
-            &occurrences_table(c, s, field(f, "expression"), field(f, "timezone"), 5).await,
-        );
-    } else {
-        p.body
-            .push_str("<p class=\"readonly\">Type an expression to see its next occurrences.</p>");
-    }
-    p.body.push_str("</div>");
+    p.body.push_str(&preview(c, s, f).await);
     c.finish(s, status, p)
+}
+
+/// The API body of a create or edit form, or the field that is wrong and why.
+pub(super) fn job_body(f: &[(String, String)]) -> Result<Value, (String, String)> {
+    let bad = |fl: &str, m: &str| (fl.to_string(), m.to_string());
+    let version = match field(f, "definitionVersion") {
+        "" => 1,
+        v => v
+            .parse::<u32>()
+            .map_err(|_| bad("definitionVersion", "must be a whole number from 1"))?,
+    };
+    let inputs = match field(f, "inputs") {
+        "" => json!({}),
+        t => serde_json::from_str::<Value>(t)
+            .map_err(|e| bad("inputs", &format!("is not JSON: {e}")))?,
+    };
+    if !inputs.is_object() {
+        return Err(bad("inputs", "must be a JSON object"));
+    }
+    Ok(json!({
+        "definitionUri": field(f, "definitionUri"),
+        "definitionVersion": version,
+        "expression": field(f, "expression"),
+        "timezone": if field(f, "timezone").is_empty() { "UTC" } else { field(f, "timezone") },
+        "inputs": inputs,
+    }))
 }
 
 pub(super) async fn create_schedule(
@@ -215,34 +272,10 @@ pub(super) async fn create_schedule(
         Ok(x) => x,
         Err(r) => return r,
     };
-    let bad = |fl: &str, m: &str| Some((fl.to_string(), m.to_string()));
-    let version = match field(&f, "definitionVersion") {
-        "" => Ok(1),
-        v => {
-            v.parse::<u32>().map_err(|_| bad("definitionVersion", "must be a whole number from 1"))
-        }
+    let mut b = match job_body(&f) {
+        Ok(b) => b,
+        Err(e) => return schedule_form(&c, &s, &who, &f, Some(e), StatusCode::BAD_REQUEST).await,
     };
-    let inputs = match field(&f, "inputs") {
-        "" => Ok(json!({})),
-        t => serde_json::from_str::<Value>(t)
-            .map_err(|e| bad("inputs", &format!("is not JSON: {e}")))
-            .and_then(|v| {
-                if v.is_object() { Ok(v) } else { Err(bad("inputs", "must be a JSON object")) }
-            }),
-    };
-    let (version, inputs) = match (version, inputs) {
-        (Ok(v), Ok(i)) => (v, i),
-        (Err(e), _) | (_, Err(e)) => {
-            return schedule_form(&c, &s, &who, &f, e, StatusCode::BAD_REQUEST).await;
-        }
-    };
-    let mut b = json!({
-        "definitionUri": field(&f, "definitionUri"),
-        "definitionVersion": version,
-        "expression": field(&f, "expression"),
-        "timezone": if field(&f, "timezone").is_empty() { "UTC" } else { field(&f, "timezone") },
-        "inputs": inputs,
-    });
     if !field(&f, "cronJobId").is_empty() {
         b["cronJobId"] = json!(field(&f, "cronJobId"));
     }
@@ -314,37 +347,8 @@ pub(super) async fn schedule(
         s.csrf.as_deref().unwrap_or_default(),
         who.can_act,
     ));
-    p.body.push_str(&runs_table(&c, &s, &id).await);
+    p.body.push_str(&super::runs::runs_table(&c, &s, &j).await);
     with_csrf(&c, &s, fresh, c.finish(&s, StatusCode::OK, p))
-}
-
-/// A schedule's last runs: occurrence, execution, status.
-async fn runs_table(c: &Console, s: &Session, id: &str) -> String {
-    let mut out = String::new();
-    let runs =
-        c.call(s, Method::GET, &format!("/cron-jobs/{}/runs?limit=20", url_enc(id)), None).await;
-    out.push_str("<h2>Last runs</h2><div class=\"table-wrap\" id=\"runs-live\" data-live><table id=\"runs\"><thead><tr><th scope=\"col\">Occurrence</th><th scope=\"col\">Execution</th><th scope=\"col\">Status</th></tr></thead><tbody>");
-    let list = runs.body["runs"]
-        .as_array()
-        .or_else(|| runs.body["executions"].as_array())
-        .cloned()
-        .unwrap_or_default();
-    if list.is_empty() {
-        out.push_str("<tr><td colspan=\"3\">No runs yet.</td></tr>");
-    }
-    for e in &list {
-        let eid = e["executionId"].as_str().unwrap_or_default();
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td><a href=\"/ui/executions/{}\"><code>{}</code></a></td><td>{}</td></tr>",
-            esc(&text(&e["cronOccurrence"])),
-            url_enc(eid),
-            esc(eid),
-            status_badge(e["status"].as_str().unwrap_or_default())
-        );
-    }
-    out.push_str("</tbody></table></div>");
-    out
 }
 
 /// A schedule's action forms (pause or resume, backfill, trigger, delete), or the read-only
@@ -372,6 +376,10 @@ fn schedule_actions(id: &str, status: &str, csrf: &str, can_act: bool) -> String
              <label for=\"from\">Backfill from<input id=\"from\" name=\"from\" placeholder=\"2026-11-01T00:00:00Z\"></label>\
              <label for=\"until\">until<input id=\"until\" name=\"until\" placeholder=\"2026-12-01T00:00:00Z\"></label>\
              <button class=\"secondary\" id=\"backfill\" type=\"submit\">Backfill</button></form>"
+        );
+        let _ = write!(
+            out,
+            "<a class=\"button\" id=\"edit\" href=\"/ui/schedules/{idu}/edit\">Edit</a>"
         );
         let _ = write!(
             out,

@@ -35,6 +35,7 @@ use crate::server::conns::{self, ConnLimits, Gate};
 use crate::server::tls::ServerTls;
 
 mod admin;
+mod cluster;
 mod cron;
 mod health;
 mod input;
@@ -191,6 +192,18 @@ struct ListParams {
     limit: Option<usize>,
     cursor: Option<String>,
     idempotency_key: Option<String>,
+    /// `execute_at` at or after (RFC 3339).
+    from: Option<String>,
+    /// `execute_at` before (RFC 3339).
+    to: Option<String>,
+}
+
+/// An optional RFC 3339 query parameter `name` as ms.
+fn time_param(name: &str, v: &Option<String>) -> Result<Option<i64>, ops::Error> {
+    match v.as_deref().filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(t) => parse_rfc3339(t).map(Some).map_err(|m| invalid(name, m)),
+    }
 }
 
 async fn list(
@@ -220,13 +233,20 @@ async fn list(
                 Some(hex_decode(c).ok_or_else(|| invalid("cursor", "not a cursor from this API"))?)
             }
         };
+        let (from_ms, to_ms) = (time_param("from", &p.from)?, time_param("to", &p.to)?);
+        if let (Some(f), Some(t)) = (from_ms, to_ms)
+            && t <= f
+        {
+            return Err(invalid("to", "must be after from"));
+        }
         let q = ListQuery {
             namespace: ns,
             status,
             definition: p.definition.clone(),
+            from_ms,
+            to_ms,
             limit: p.limit.unwrap_or(0),
             cursor,
-            ..ListQuery::default()
         };
         let page = node.scheduler().list(&q).await?;
         let items: Vec<_> = page.executions.iter().map(|e| json::execution(e, None)).collect();
@@ -373,6 +393,7 @@ fn api_router(node: Node) -> Router {
         .route("/definitions/{name}", get(get_definition))
         .merge(cron::routes())
         .merge(admin::routes())
+        .merge(cluster::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

@@ -88,3 +88,12 @@ pub const CLOCK_SKEW_MAX_MS: u64 = kairos_layer::limits::LEASE_MS_MIN / 4;
 pub const CONSOLE_API_REPLY_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Most executions one bulk cancel / replay takes (a page of the search).
 pub const CONSOLE_BULK_MAX: usize = 50;
+
+// Metrics (label cardinality, docs/node.md#metrics).
+/// Most `(namespace, queue)` pairs the per-queue gauges export, in `(namespace, queue)` order;
+/// the rest are summed into one series labelled `namespace="_other", queue="_other"`.
+pub const METRICS_QUEUES_MAX: usize = 200;
+/// Most gRPC methods and HTTP routes the request metrics keep apart (each a route template,
+/// never a raw path); calls of any other are counted as `_other` (a client may name any gRPC
+/// method path, and unknown ones are answered `Unimplemented`).
+pub const METRICS_ROUTES_MAX: usize = 128;

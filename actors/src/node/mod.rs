@@ -147,6 +147,13 @@ impl Node {
         let mut reg = prometheus_client::registry::Registry::default();
         self.ctx().metrics.register(&mut reg, &states);
         self.ctx().cron_metrics.register(&mut reg);
+        // A store that cannot be read now leaves the per-queue series out of this scrape.
+        if let Ok(q) = self.queues(None).await {
+            queues::register(&mut reg, &q);
+        }
+        let backend = format!("{:?}", self.config().backend).to_lowercase();
+        crate::server::process::register_build_info(&mut reg, &backend);
+        crate::server::process::register_process(&mut reg);
         crate::server::metrics::encode(&reg)
     }
 

@@ -182,6 +182,8 @@ pub struct Metrics {
     pub quota_refused_rate: AtomicU64,
     /// Submissions refused by a namespace's unfinished-executions quota.
     pub quota_refused_pending: AtomicU64,
+    /// Requests per gRPC method and HTTP route.
+    pub requests: super::requests::RequestMetrics,
 }
 
 /// Whether a store error is a conflict (for the conflicts counter).
@@ -216,6 +218,7 @@ impl Metrics {
         self.register_by_label(reg);
         self.register_counters(reg);
         self.register_gauges(reg);
+        self.requests.register(reg);
         let by_state = Family::<Vec<(&'static str, String)>, Gauge>::default();
         for (state, n) in executions {
             by_state.get_or_create(&vec![("state", state.clone())]).set(*n);

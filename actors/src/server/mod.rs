@@ -5,6 +5,8 @@ pub mod config;
 pub mod conns;
 pub mod log_limit;
 pub mod metrics;
+pub mod process;
 pub mod quota;
+pub mod requests;
 pub mod telemetry;
 pub mod tls;

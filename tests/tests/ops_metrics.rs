@@ -92,16 +92,39 @@ async fn a_real_scrape_has_queue_request_build_and_process_series() {
         0.0
     );
 
+    requests_are_counted(&node, &client, &text).await;
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
+    // Gone with its worker: a queue with neither READY work nor a worker is not exported.
+    let t = Instant::now();
+    while value(&scrape(&node), workers).is_some() {
+        assert!(t.elapsed() < Duration::from_secs(15), "the worker's series stays");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    every_metric_has_help(&scrape(&node));
+}
+
+/// Every metric family has a `# HELP` line.
+fn every_metric_has_help(text: &str) {
+    let helps: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# HELP ")).collect();
+    for t in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = t.split(' ').next().unwrap();
+        assert!(helps.iter().any(|h| h.starts_with(&format!("{name} "))), "no help: {name}");
+    }
+}
+
+/// Requests by route template and gRPC method, errors by code.
+async fn requests_are_counted(node: &DevNode, client: &Client, text: &str) {
     // Requests: by route template and gRPC method, errors by code.
     let scrapes = "kairos_http_requests_total{method=\"GET\",route=\"/metrics\"}";
-    let before = must(&text, scrapes);
+    let before = must(text, scrapes);
     for id in ["nope-1", "nope-2"] {
         let (code, _) =
             http_request(node.http, "GET", &format!("/executions/{id}"), &[], b"").unwrap();
         assert_eq!(code, 404);
         assert!(client.get(id).await.is_err());
     }
-    let text = scrape(&node);
+    let text = scrape(node);
     assert_eq!(must(&text, scrapes), before + 1.0, "the previous scrape counted");
     let route = "method=\"GET\",route=\"/executions/{id}\"";
     assert_eq!(must(&text, &format!("kairos_http_requests_total{{{route}}}")), 2.0);
@@ -120,22 +143,4 @@ async fn a_real_scrape_has_queue_request_build_and_process_series() {
     let register = "kairos_grpc_requests_total{method=\"/kairos.v1.DefinitionService/Register\"}";
     assert_eq!(must(&text, register), 2.0);
     assert!(must(&text, &format!("kairos_grpc_request_duration_seconds_count{{{get}}}")) == 2.0);
-    stop.send(true).unwrap();
-    run.await.unwrap().unwrap();
-    // Gone with its worker: a queue with neither READY work nor a worker is not exported.
-    let t = Instant::now();
-    while value(&scrape(&node), workers).is_some() {
-        assert!(t.elapsed() < Duration::from_secs(15), "the worker's series stays");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    every_metric_has_help(&text);
-}
-
-/// Every metric family has a `# HELP` line.
-fn every_metric_has_help(text: &str) {
-    let helps: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# HELP ")).collect();
-    for t in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
-        let name = t.split(' ').next().unwrap();
-        assert!(helps.iter().any(|h| h.starts_with(&format!("{name} "))), "no help: {name}");
-    }
 }

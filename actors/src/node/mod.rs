@@ -151,6 +151,10 @@ impl Node {
         if let Ok(q) = self.queues(None).await {
             queues::register(&mut reg, &q);
         }
+        let shards = self.ctx().sched.partition_count(kairos_layer::keys::Space::Executions);
+        let help = "Execution shards of the cluster (set at its creation): with sum(kairos_shards_owned), whether every one has an owner";
+        let shards = prometheus_client::metrics::gauge::ConstGauge::new(i64::from(shards));
+        reg.register("kairos_shards_configured", help, shards);
         let backend = format!("{:?}", self.config().backend).to_lowercase();
         crate::server::process::register_build_info(&mut reg, &backend);
         crate::server::process::register_process(&mut reg);

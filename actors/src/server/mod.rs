@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod config;
 pub mod conns;
+pub mod histogram;
 pub mod log_limit;
 pub mod metrics;
 pub mod process;

@@ -53,7 +53,7 @@ pub fn read() -> Option<ProcessStats> {
     let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as i64;
     Some(ProcessStats {
         cpu_seconds: ticks / hz.max(1) as f64,
-        resident_bytes: pages * page.max(1) as i64,
+        resident_bytes: pages * page.max(1),
         open_fds,
     })
 }

@@ -16,7 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::metrics::{Histogram, HistogramSnapshot};
+use super::histogram::{Histogram, HistogramSnapshot};
 use crate::limits::METRICS_ROUTES_MAX;
 
 /// The label of calls past [`METRICS_ROUTES_MAX`] routes.

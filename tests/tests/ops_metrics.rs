@@ -1,6 +1,8 @@
 //! A real `kairos dev` node's `/metrics` as Prometheus scrapes it (issue 36): the per-queue
 //! gauges, request metrics per gRPC method and HTTP route, `kairos_build_info` and the process
-//! series — their values move with what the node is asked to do.
+//! series — their values move with what the node is asked to do; and the alerts, their
+//! promtool test and the Grafana dashboard in docs/ops/ name only metrics (and, for the test's
+//! input series, label sets) of that scrape.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
 use std::time::{Duration, Instant};
@@ -101,7 +103,9 @@ async fn a_real_scrape_has_queue_request_build_and_process_series() {
         assert!(t.elapsed() < Duration::from_secs(15), "the worker's series stays");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    every_metric_has_help(&scrape(&node));
+    let text = scrape(&node);
+    every_metric_has_help(&text);
+    docs_use_only_scraped_metrics(&text);
 }
 
 /// Every metric family has a `# HELP` line.
@@ -143,4 +147,49 @@ async fn requests_are_counted(node: &DevNode, client: &Client, text: &str) {
     let register = "kairos_grpc_requests_total{method=\"/kairos.v1.DefinitionService/Register\"}";
     assert_eq!(must(&text, register), 2.0);
     assert!(must(&text, &format!("kairos_grpc_request_duration_seconds_count{{{get}}}")) == 2.0);
+}
+
+/// `(name, label names)` of every sample of a scrape, and the metric families' names.
+fn scraped(text: &str) -> (Vec<(String, Vec<String>)>, Vec<String>) {
+    let samples =
+        text.lines().filter(|l| !l.starts_with('#')).map(|l| series(l.split(' ').next().unwrap()));
+    let families = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next());
+    (samples.collect(), families.map(str::to_string).collect())
+}
+
+/// `name{a="x",b="y"}` as `(name, [a, b])`, sorted, `instance` (Prometheus's own) left out.
+fn series(s: &str) -> (String, Vec<String>) {
+    let (name, labels) = s.split_once('{').unwrap_or((s, ""));
+    let mut names: Vec<String> = labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter_map(|kv| Some(kv.split_once('=')?.0.trim().to_string()))
+        .filter(|k| k != "instance")
+        .collect();
+    names.sort();
+    (name.to_string(), names)
+}
+
+fn docs_use_only_scraped_metrics(text: &str) {
+    let (samples, families) = scraped(text);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ops");
+    for file in ["alerts.yml", "alerts.test.yml", "grafana-kairos.json"] {
+        let doc = std::fs::read_to_string(dir.join(file)).unwrap();
+        let words = doc.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        let names = words.filter(|w| w.starts_with("kairos_") || w.starts_with("process_"));
+        for n in names {
+            let known = families.iter().any(|f| f == n) || samples.iter().any(|(s, _)| s == n);
+            assert!(known, "{file} names {n}, which a real scrape does not have");
+        }
+    }
+    let tests = std::fs::read_to_string(dir.join("alerts.test.yml")).unwrap();
+    let inputs =
+        tests.lines().filter_map(|l| l.split_once("series: '")?.1.split_once('\'')).map(|(s, _)| s);
+    let mut n = 0;
+    for input in inputs {
+        let want = series(input);
+        assert!(samples.contains(&want), "alerts.test.yml's {input}: no such series in a scrape");
+        n += 1;
+    }
+    assert!(n >= 10, "the promtool test's input series were read: {n}");
 }

@@ -102,3 +102,13 @@ pub const CONSOLE_RUN_LATE_MS: i64 = 60_000;
 /// How long `/healthz` waits for the store's list of nodes and leases before answering with
 /// this node's line alone (a probe must not hang on a database that is cut off).
 pub const HEALTHZ_CLUSTER_WAIT_MS: u64 = 1_000;
+
+
+// Metrics (label cardinality, docs/node.md#metrics).
+/// Most `(namespace, queue)` pairs the per-queue gauges export, in `(namespace, queue)` order;
+/// the rest are summed into one series labelled `namespace="_other", queue="_other"`.
+pub const METRICS_QUEUES_MAX: usize = 200;
+/// Most gRPC methods and HTTP routes the request metrics keep apart (each a route template,
+/// never a raw path); calls of any other are counted as `_other` (a client may name any gRPC
+/// method path, and unknown ones are answered `Unimplemented`).
+pub const METRICS_ROUTES_MAX: usize = 128;

@@ -468,6 +468,7 @@ async fn calls(node: &Node) -> Vec<Call> {
         Call::new("DELETE", "/cron-jobs/{cronJobId}", "/cron-jobs/nightly"),
         Call::new("GET", "/whoami", "/whoami"),
         Call::new("GET", "/limits", "/limits"),
+        Call::new("GET", "/queues", "/queues"),
         Call::new("GET", "/audit", "/audit").query("limit", "10"),
         Call::new("POST", "/admin/keys", "/admin/keys")
             .body(json!({"namespace": "default", "scopes": ["read"], "name": "t"})),

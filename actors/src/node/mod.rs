@@ -159,6 +159,17 @@ impl Node {
         let mut reg = prometheus_client::registry::Registry::default();
         self.ctx().metrics.register(&mut reg, &states);
         self.ctx().cron_metrics.register(&mut reg);
+        // A store that cannot be read now leaves the per-queue series out of this scrape.
+        if let Ok(q) = self.queues(None).await {
+            queues::register(&mut reg, &q);
+        }
+        let shards = self.ctx().sched.partition_count(kairos_layer::keys::Space::Executions);
+        let help = "Execution shards of the cluster (set at its creation): with sum(kairos_shards_owned), whether every one has an owner";
+        let shards = prometheus_client::metrics::gauge::ConstGauge::new(i64::from(shards));
+        reg.register("kairos_shards_configured", help, shards);
+        let backend = format!("{:?}", self.config().backend).to_lowercase();
+        crate::server::process::register_build_info(&mut reg, &backend);
+        crate::server::process::register_process(&mut reg);
         crate::server::metrics::encode(&reg)
     }
 

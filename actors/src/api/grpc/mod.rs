@@ -11,6 +11,7 @@ pub mod cron;
 pub mod definitions;
 pub mod executions;
 pub mod results;
+pub mod track;
 pub mod work;
 pub mod workers;
 
@@ -179,6 +180,7 @@ impl Api {
             .max_concurrent_streams(config.grpc_max_concurrent_streams)
             .http2_keepalive_interval(Some(Duration::from_millis(config.grpc_keepalive_ms)))
             .http2_keepalive_timeout(Some(Duration::from_millis(GRPC_KEEPALIVE_TIMEOUT_MS)))
+            .layer(track::TrackLayer(self.node.metrics().clone()))
             .add_service(ExecutionServiceServer::new(self.clone()))
             .add_service(WorkerServiceServer::new(self.clone()))
             .add_service(DefinitionServiceServer::new(self.clone()))

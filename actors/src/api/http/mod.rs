@@ -380,7 +380,30 @@ pub fn router(node: Node) -> Router {
 /// [`router`], the console's cookies `Secure` when `tls` (the listener serves TLS).
 pub fn router_with(node: Node, tls: bool) -> Router {
     let api = api_router(node.clone());
-    api.clone().merge(super::console::router(api, node, tls))
+    let metrics = node.metrics().clone();
+    api.clone()
+        .merge(super::console::router(api, node, tls))
+        .layer(axum::middleware::from_fn(move |req, next| track(metrics.clone(), req, next)))
+}
+
+/// Counts a request in the node's request metrics by its route template (`_unmatched` when no
+/// route matched).
+async fn track(
+    metrics: std::sync::Arc<crate::server::metrics::Metrics>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("_unmatched", |p| p.as_str())
+        .to_string();
+    let method = req.method().to_string();
+    #[allow(clippy::disallowed_methods)] // a request's latency: wall time of real I/O
+    let start = std::time::Instant::now();
+    let resp = next.run(req).await;
+    metrics.requests.http(&method, &route, resp.status().as_u16(), start.elapsed());
+    resp
 }
 
 /// The API's routes alone.

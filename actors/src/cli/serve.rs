@@ -17,20 +17,27 @@ use crate::server::auth::AuthMode;
 use crate::server::config::{Backend, NodeConfig};
 use crate::server::tls::{ServerTls, TlsFiles};
 
-/// The node id: configured, or kept in the data directory so a restarted node keeps it.
-fn node_id(config: &NodeConfig, rng: &Rng) -> anyhow::Result<String> {
+/// The node id: configured, or kept in the data directory so a restarted node keeps it (a new
+/// one is made here and written by [`keep_node_id`]). Known before the first log line.
+fn node_id(config: &NodeConfig, rng: &Rng) -> String {
     if let Some(id) = &config.node_id {
-        return Ok(id.clone());
+        return id.clone();
     }
+    match std::fs::read_to_string(config.data_dir.join("node-id")) {
+        Ok(id) => id.trim().to_string(),
+        Err(_) => format!("node-{:016x}", rng.next_u64()),
+    }
+}
+
+/// Writes a new node id into the data directory (unless configured, or kept there already).
+fn keep_node_id(config: &NodeConfig, id: &str) -> anyhow::Result<()> {
     let path = config.data_dir.join("node-id");
-    if let Ok(id) = std::fs::read_to_string(&path) {
-        return Ok(id.trim().to_string());
+    if config.node_id.is_some() || path.exists() {
+        return Ok(());
     }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating {}", config.data_dir.display()))?;
-    let id = format!("node-{:016x}", rng.next_u64());
-    std::fs::write(&path, &id).with_context(|| format!("writing {}", path.display()))?;
-    Ok(id)
+    std::fs::write(&path, id).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The store, and why its bytes were not verified at the open when they were not (an
@@ -144,17 +151,20 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     #[cfg(feature = "fdb")]
     let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
     // Kept to the end of `run`: flushes exported spans.
+    let rng = Rng::from_entropy();
+    let id = node_id(&config, &rng);
+    crate::server::telemetry::set_node_id(&id);
     let _telemetry = crate::server::telemetry::init(&config)?;
     let (tls, budget) = before_start(&mut config)?;
     let clock: SharedClock = Arc::new(SystemClock::default());
-    let rng = Rng::from_entropy();
     if matches!(config.backend, Backend::Embedded) {
         // Before anything is written into the data directory (its node id).
         marker::check_store_exists(&config, &config.data_dir.join("kv.redb"))?;
         // A newer store is refused here; one this open upgrades is copied aside first.
         super::migrate::before_open(&config).await?;
     }
-    config.node_id = Some(node_id(&config, &rng)?);
+    keep_node_id(&config, &id)?;
+    config.node_id = Some(id);
     let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;
     let say = config.clone();
     let store = describe_store(&config);

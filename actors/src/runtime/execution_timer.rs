@@ -165,7 +165,7 @@ impl Actor for ExecutionTimer {
                     } else {
                         static LIMIT: LogLimit = LogLimit::new(1_000);
                         if let Some(suppressed) = LIMIT.allow(s.ctx.now_ms()) {
-                            tracing::warn!(execution = %s.timer.execution_id, error = %e, suppressed, "timer failed; retrying in 1 s");
+                            tracing::warn!(execution_id = %s.timer.execution_id, error = %e, suppressed, "timer failed; retrying in 1 s");
                         }
                         let at = s.ctx.now_ms() + 1_000;
                         s.act(&myself, Next::SleepUntil(at));

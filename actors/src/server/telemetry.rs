@@ -40,12 +40,19 @@ pub fn init(config: &NodeConfig) -> anyhow::Result<Guard> {
 
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
         .with_context(|| format!("config log: bad filter {:?}", config.log))?;
-    let fmt = tracing_subscriber::fmt::layer().with_target(false).with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer().with_target(false);
     let logs = match config.log_format {
-        LogFormat::Text => {
-            fmt.with_ansi(std::io::stderr().is_terminal()).with_filter(filter).boxed()
-        }
-        LogFormat::Json => fmt.json().with_current_span(true).with_filter(filter).boxed(),
+        LogFormat::Text => fmt
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_writer(|| json_lines::NodeIdLine(std::io::stderr()))
+            .with_filter(filter)
+            .boxed(),
     };
     #[cfg(feature = "otel")]
     {
@@ -69,6 +76,41 @@ pub fn init(config: &NodeConfig) -> anyhow::Result<Guard> {
         }
         tracing_subscriber::registry().with(logs).init();
         Ok(Guard {})
+    }
+}
+
+/// Sets the node id every JSON log line carries from here on (`"node_id"`, first).
+pub fn set_node_id(id: &str) {
+    let _ = json_lines::NODE_ID.set(format!("{{\"node_id\":{},", serde_json::Value::from(id)));
+}
+
+mod json_lines {
+    use std::io::Write;
+
+    /// `{"node_id":"…",` — what each JSON line starts with instead of `{`.
+    pub(super) static NODE_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+    /// A JSON log line's writer: the node id added as the object's first field. The JSON
+    /// formatter writes each line whole, in one `write_all`.
+    pub(super) struct NodeIdLine<W: Write>(pub(super) W);
+
+    impl<W: Write> Write for NodeIdLine<W> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            match (NODE_ID.get(), buf.first()) {
+                (Some(prefix), Some(b'{')) => {
+                    let mut line = Vec::with_capacity(prefix.len() + buf.len());
+                    line.extend_from_slice(prefix.as_bytes());
+                    line.extend_from_slice(&buf[1..]);
+                    self.0.write_all(&line)?;
+                }
+                _ => self.0.write_all(buf)?,
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.0.flush()
+        }
     }
 }
 

@@ -127,7 +127,7 @@ impl Api {
             {
                 Ok(def) => String::from_utf8_lossy(&def.execution_json).into_owned(),
                 Err(err) => {
-                    tracing::warn!(execution = %e.id, error = %err, "definition lookup failed for a claimed task");
+                    tracing::warn!(namespace = %e.namespace, execution_id = %e.id, attempt = e.attempt_count, error = %err, "definition lookup failed for a claimed task");
                     String::new()
                 }
             };

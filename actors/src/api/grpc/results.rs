@@ -97,6 +97,15 @@ impl Api {
             })
             .collect();
         let out = self.node.report(items).await.map_err(|e| status(&e))?;
+        for e in out.iter().flatten() {
+            tracing::debug!(
+                namespace = %e.namespace,
+                execution_id = %e.id,
+                attempt = e.attempt_count,
+                status = kairos_layer::state::status_name(e.status),
+                "result recorded"
+            );
+        }
         Ok(ids.into_iter().zip(out).map(|(id, r)| ack(id, r.as_ref())).collect())
     }
 

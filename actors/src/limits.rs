@@ -103,7 +103,6 @@ pub const CONSOLE_RUN_LATE_MS: i64 = 60_000;
 /// this node's line alone (a probe must not hang on a database that is cut off).
 pub const HEALTHZ_CLUSTER_WAIT_MS: u64 = 1_000;
 
-
 // Metrics (label cardinality, docs/node.md#metrics).
 /// Most `(namespace, queue)` pairs the per-queue gauges export, in `(namespace, queue)` order;
 /// the rest are summed into one series labelled `namespace="_other", queue="_other"`.

@@ -157,12 +157,7 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let _telemetry = crate::server::telemetry::init(&config)?;
     let (tls, budget) = before_start(&mut config)?;
     let clock: SharedClock = Arc::new(SystemClock::default());
-    if matches!(config.backend, Backend::Embedded) {
-        // Before anything is written into the data directory (its node id).
-        marker::check_store_exists(&config, &config.data_dir.join("kv.redb"))?;
-        // A newer store is refused here; one this open upgrades is copied aside first.
-        super::migrate::before_open(&config).await?;
-    }
+    before_embedded_open(&config).await?;
     keep_node_id(&config, &id)?;
     config.node_id = Some(id);
     let (db, doubt) = open_database(&config, clock.clone(), rng.fork()).await?;
@@ -214,6 +209,17 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     }
     drain.await;
     println!("kairos: stopped");
+    Ok(())
+}
+
+/// The embedded store's checks before anything is written into the data directory (its node
+/// id): a vanished store is refused; a newer one is refused, one this open upgrades is copied
+/// aside first.
+async fn before_embedded_open(config: &NodeConfig) -> anyhow::Result<()> {
+    if matches!(config.backend, Backend::Embedded) {
+        marker::check_store_exists(config, &config.data_dir.join("kv.redb"))?;
+        super::migrate::before_open(config).await?;
+    }
     Ok(())
 }
 

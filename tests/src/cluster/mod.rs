@@ -11,6 +11,7 @@
 //! the test failed (its path is printed) or `KAIROS_CLUSTER_KEEP` is set.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
+pub mod link;
 pub mod load;
 pub mod netns;
 pub mod observe;

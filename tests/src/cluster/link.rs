@@ -35,10 +35,13 @@ pub struct Link {
 
 impl Link {
     /// A proxy listening on `listen` (port 0: a free one), forwarding to `target`, delaying
-    /// each direction by `delay`. Needs a tokio runtime (it spawns its tasks on it).
-    pub async fn start(listen: SocketAddr, target: SocketAddr, delay: Duration) -> Result<Link> {
-        let listener =
-            TcpListener::bind(listen).await.with_context(|| format!("link: binding {listen}"))?;
+    /// each direction by `delay`. Needs a tokio runtime's context (it spawns its tasks on it;
+    /// `block_in_place` keeps it).
+    pub fn start(listen: SocketAddr, target: SocketAddr, delay: Duration) -> Result<Link> {
+        let std = std::net::TcpListener::bind(listen)
+            .with_context(|| format!("link: binding {listen}"))?;
+        std.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(std)?;
         let addr = listener.local_addr()?;
         let (cut, _) = watch::channel(false);
         let state = cut.subscribe();
@@ -194,8 +197,7 @@ mod tests {
 
     #[tokio::test]
     async fn delays_each_way_and_keeps_order() {
-        let link =
-            Link::start("127.0.0.1:0".parse().unwrap(), echo().await, REGION_DELAY).await.unwrap();
+        let link = Link::start("127.0.0.1:0".parse().unwrap(), echo().await, REGION_DELAY).unwrap();
         let mut s = TcpStream::connect(link.addr).await.unwrap();
         for i in 0..5u8 {
             let rtt = round_trip(&mut s, &[i; 100]).await;
@@ -209,8 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn cut_closes_connections_and_refuses_new_ones_until_healed() {
-        let link =
-            Link::start("127.0.0.1:0".parse().unwrap(), echo().await, REGION_DELAY).await.unwrap();
+        let link = Link::start("127.0.0.1:0".parse().unwrap(), echo().await, REGION_DELAY).unwrap();
         let mut s = TcpStream::connect(link.addr).await.unwrap();
         round_trip(&mut s, b"before").await;
         link.cut();

@@ -126,8 +126,9 @@ async fn region_b_lost_region_a_carries_on_once_the_sync_standby_is_dropped() ->
     c.nodes[3].kill();
     c.links.cut();
     // The operator's step: commits no longer wait for the lost standby.
-    let sql = "ALTER SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf()";
-    tokio::task::block_in_place(|| c.pg.psql(sql))?;
+    // Two statements: ALTER SYSTEM cannot run inside the transaction of a multi-statement -c.
+    tokio::task::block_in_place(|| c.pg.psql("ALTER SYSTEM SET synchronous_standby_names = ''"))?;
+    tokio::task::block_in_place(|| c.pg.psql("SELECT pg_reload_conf()"))?;
     let a = clients[..2].to_vec();
     let owned = wait_owned_by(&a[0], &["n1", "n2"], kill_ms, Duration::from_secs(60)).await?;
     let probes = submit_burst(&a, "after-b", 300, now_ms()).await?;

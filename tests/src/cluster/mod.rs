@@ -11,11 +11,13 @@
 //! the test failed (its path is printed) or `KAIROS_CLUSTER_KEEP` is set.
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
+pub mod link;
 pub mod load;
 pub mod netns;
 pub mod observe;
 pub mod pg;
 pub mod procs;
+pub mod regions;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -24,6 +26,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use kairos_sdk::Client;
 
+use link::Links;
 use netns::Netns;
 use pg::PgServer;
 use procs::{NodeProc, Starts, WorkerProc};
@@ -46,8 +49,11 @@ pub struct Options {
     pub standby: bool,
     /// Worker slots per worker process.
     pub slots: usize,
-    /// The nodes' YAML settings (every node the same).
+    /// The nodes' YAML settings (every node the same, but for `region` in two regions).
     pub node_yaml: String,
+    /// Two regions ([`regions`]): nodes 1 and 2 and the primary in region A, the others and
+    /// the standby (implied) in region B, every path between them through a delaying link.
+    pub regions: bool,
 }
 
 /// Shard leases in the cluster tests: short, so a takeover is quick.
@@ -58,6 +64,7 @@ impl Default for Options {
         Options {
             nodes: 3,
             standby: false,
+            regions: false,
             slots: 50,
             node_yaml: format!(
                 "shard_count: 64\nshard_lease_ms: {SHARD_LEASE_MS}\nnode_ttl_ms: {SHARD_LEASE_MS}\n\
@@ -81,6 +88,10 @@ pub struct Cluster {
     pub standby: Option<PgServer>,
     /// The primary.
     pub pg: PgServer,
+    /// The delaying links between the regions (none in one region).
+    pub links: Links,
+    /// Each node's database hosts, primary first (two regions; empty: every server direct).
+    routes: Vec<Vec<String>>,
     /// Every start the workers reported.
     pub starts: Starts,
     /// Logs and node data directories.
@@ -107,11 +118,22 @@ impl Cluster {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         netns::require_root()?;
         let dir = tempfile::Builder::new().prefix("kairos-cluster-").tempdir()?.keep();
-        let pg = PgServer::primary(o.standby, &[]).context("starting the primary")?;
-        let standby = o.standby.then(|| PgServer::standby_of(&pg)).transpose()?;
+        let pg = PgServer::primary(o.standby || o.regions, &[]).context("starting the primary")?;
+        let mut links = Links::default();
+        let standby = match (o.regions, o.standby) {
+            (true, _) => Some(regions::standby(&pg, &mut links)?),
+            (false, true) => Some(PgServer::standby_of(&pg)?),
+            (false, false) => None,
+        };
         let nets = (1..=o.nodes).map(Netns::create).collect::<Result<Vec<_>>>()?;
-        std::fs::write(dir.join("node.yaml"), &o.node_yaml)?;
+        let routes = match (&standby, o.regions) {
+            (Some(s), true) => regions::routes(&pg, s, &nets, &mut links)?,
+            _ => Vec::new(),
+        };
+        write_configs(&dir, o)?;
         let mut c = Cluster {
+            links,
+            routes,
             workers: Vec::new(),
             nodes: Vec::new(),
             nets,
@@ -136,6 +158,9 @@ impl Cluster {
         let host = self.nets[i].host_ip;
         let mut hosts = vec![self.pg.addr(host)];
         hosts.extend(self.standby.as_ref().map(|s| s.addr(host)));
+        if let Some(routes) = self.routes.get(i) {
+            hosts.clone_from(routes);
+        }
         format!(
             "postgresql://postgres@{}/postgres?target_session_attrs=read-write",
             hosts.join(",")
@@ -146,7 +171,7 @@ impl Cluster {
         let data = self.dir.join(format!("n{}", i + 1));
         let flags = [
             "--config",
-            &self.dir.join("node.yaml").to_string_lossy(),
+            &self.dir.join(config_name(&self.routes, i)).to_string_lossy(),
             "--data-dir",
             &data.to_string_lossy(),
             "--backend",
@@ -205,6 +230,23 @@ impl Cluster {
     /// The cluster's directory.
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Writes `node.yaml` (one region) or `node-a.yaml` and `node-b.yaml` (two).
+fn write_configs(dir: &Path, o: &Options) -> Result<()> {
+    std::fs::write(dir.join("node.yaml"), &o.node_yaml)?;
+    for r in ["a", "b"].iter().filter(|_| o.regions) {
+        std::fs::write(dir.join(format!("node-{r}.yaml")), regions::yaml(&o.node_yaml, r))?;
+    }
+    Ok(())
+}
+
+/// The settings file of node `i`: its region's in two regions.
+fn config_name(routes: &[Vec<String>], i: usize) -> String {
+    match routes.is_empty() {
+        true => "node.yaml".to_string(),
+        false => format!("node-{}.yaml", regions::region_of(i)),
     }
 }
 

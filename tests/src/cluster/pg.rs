@@ -64,11 +64,15 @@ impl PgServer {
     /// A streaming standby of `primary` named [`STANDBY_NAME`], started on a free port; waits
     /// until the primary counts it as its synchronous standby.
     pub fn standby_of(primary: &PgServer) -> Result<PgServer> {
+        PgServer::standby_via(primary, primary.port)
+    }
+
+    /// [`PgServer::standby_of`], replicating through `127.0.0.1:port` (a delaying
+    /// [`super::link::Link`] to the primary, in the two-region tests).
+    pub fn standby_via(primary: &PgServer, port: u16) -> Result<PgServer> {
         let mut pg = PgServer::new()?;
-        let conninfo = format!(
-            "host=127.0.0.1 port={} user=postgres application_name={STANDBY_NAME}",
-            primary.port
-        );
+        let conninfo =
+            format!("host=127.0.0.1 port={port} user=postgres application_name={STANDBY_NAME}");
         pg.run("pg_basebackup", &["-d", &conninfo, "-D", "data", "-R", "-X", "stream"])?;
         // Promotion waits this long for WAL that will never come (the primary is gone).
         pg.start(&["wal_retrieve_retry_interval=500ms".to_string()])?;

@@ -469,6 +469,10 @@ async fn calls(node: &Node) -> Vec<Call> {
         Call::new("GET", "/whoami", "/whoami"),
         Call::new("GET", "/limits", "/limits"),
         Call::new("GET", "/queues", "/queues"),
+        Call::new("GET", "/workers", "/workers"),
+        Call::new("GET", "/last-hour", "/last-hour"),
+        Call::new("GET", "/admin/nodes", "/admin/nodes"),
+        Call::new("GET", "/admin/quarantined", "/admin/quarantined"),
         Call::new("GET", "/audit", "/audit").query("limit", "10"),
         Call::new("POST", "/admin/keys", "/admin/keys")
             .body(json!({"namespace": "default", "scopes": ["read"], "name": "t"})),

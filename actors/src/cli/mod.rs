@@ -11,6 +11,7 @@
 //! kairos restore FILE --data-dir DIR  a backup verified and made a data directory's store
 //! kairos worker --queue Q runs the generic executors for one queue
 //! kairos completions SHELL
+//! kairos man --out DIR     the manual pages (one per subcommand)
 //! ```
 //! Parsed with clap (`kairos <command> --help`): usage errors exit 2, failures exit 1 with
 //! their causes on stderr (no backtrace).
@@ -24,6 +25,7 @@ mod backup;
 pub mod check;
 mod config_check;
 mod files;
+pub mod man;
 mod marker;
 mod migrate;
 mod restore;
@@ -87,6 +89,13 @@ enum Command {
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
+    },
+    /// Writes the manual pages (kairos.1 and one per subcommand) into DIR, e.g.
+    /// `kairos man --out /usr/share/man/man1`.
+    Man {
+        /// The directory of the pages (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
     },
 }
 
@@ -271,6 +280,11 @@ fn warn(config: &crate::server::config::NodeConfig, text: &str) {
     }
 }
 
+/// The command line's definition (the manual pages and completions are made from it).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
 /// Runs the `kairos` command line with the process arguments: exit code 0 on success, 1 on a
 /// failure (its causes on stderr, no backtrace), 2 on a usage error.
 pub fn main() -> ExitCode {
@@ -351,6 +365,11 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Backup(a) => runtime()?.block_on(backup::run(a)),
         Command::Restore(a) => runtime()?.block_on(restore::run(a)),
         Command::Worker(a) => runtime()?.block_on(worker(a)),
+        Command::Man { out } => {
+            let written = man::write_pages(Cli::command(), &out)?;
+            println!("kairos man: {} pages in {}", written.len(), out.display());
+            Ok(())
+        }
         Command::Completions { shell } => {
             // Written whole, then printed: clap_complete panics when stdout is closed, and a
             // reader that left (`| head -1`) is no error.

@@ -29,6 +29,16 @@ fn node_id(config: &NodeConfig, rng: &Rng) -> String {
     }
 }
 
+/// The node id, then the logs (every JSON line carries the id); the guard keeps the exporter.
+fn start_logs(
+    config: &NodeConfig,
+    rng: &Rng,
+) -> anyhow::Result<(String, crate::server::telemetry::Guard)> {
+    let id = node_id(config, rng);
+    crate::server::telemetry::set_node_id(&id);
+    Ok((id, crate::server::telemetry::init(config)?))
+}
+
 /// Writes a new node id into the data directory (unless configured, or kept there already).
 fn keep_node_id(config: &NodeConfig, id: &str) -> anyhow::Result<()> {
     let path = config.data_dir.join("node-id");
@@ -152,9 +162,7 @@ pub(super) async fn run(mut config: NodeConfig) -> anyhow::Result<()> {
     let _fdb_network = kairos_layer::kv::fdb::NetworkGuard::new();
     // Kept to the end of `run`: flushes exported spans.
     let rng = Rng::from_entropy();
-    let id = node_id(&config, &rng);
-    crate::server::telemetry::set_node_id(&id);
-    let _telemetry = crate::server::telemetry::init(&config)?;
+    let (id, _telemetry) = start_logs(&config, &rng)?;
     let (tls, budget) = before_start(&mut config)?;
     let clock: SharedClock = Arc::new(SystemClock::default());
     before_embedded_open(&config).await?;

@@ -138,6 +138,13 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Writes the manual pages (kairosctl.1 and one per subcommand) into DIR, e.g.
+    /// `kairosctl man --out /usr/share/man/man1`.
+    Man {
+        /// The directory of the pages (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
+    },
 }
 
 /// A line of `kairosctl console`.

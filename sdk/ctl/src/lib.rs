@@ -3,7 +3,8 @@
 //! One-shot commands, or `console` for an interactive session; human-readable tables by
 //! default, `--json` for scripts (errors too, as `{"error": {"code", "message", "exitCode"}}`
 //! on stderr). The command line is declared in [`args`] (clap): `--help` everywhere, usage
-//! errors exit 2, `kairosctl completions SHELL` prints a completion script. `kairosctl bench`
+//! errors exit 2, `kairosctl completions SHELL` prints a completion script, `kairosctl man --out
+//! DIR` writes the manual pages. `kairosctl bench`
 //! is the load generator ([`bench`]).
 //!
 //! Exit codes: 0 ok · 1 other error · 2 usage · 3 not found · 4 conflict (already exists,
@@ -20,6 +21,7 @@ pub mod args;
 pub mod bench;
 mod commands;
 mod console;
+pub mod man;
 mod output;
 
 use args::{Cli, Command};
@@ -85,6 +87,13 @@ pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
             clap_complete::generate(shell, &mut Cli::command(), "kairosctl", &mut script);
             output::write_stdout(&script)
         }
+        Command::Man { out } => match man::write_pages(Cli::command(), &out) {
+            Ok(written) => {
+                println!("kairosctl man: {} pages in {}", written.len(), out.display());
+                0
+            }
+            Err(e) => report(&o, Err(Failure::Other(format!("{e:#}")))),
+        },
         Command::Bench(b) => rt.block_on(bench::main(b.command)),
         Command::Api(cmd) => rt.block_on(async {
             let client = match Client::connect_tls(&cli.endpoint, &cli.tls.tls()).await {

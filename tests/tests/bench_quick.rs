@@ -146,7 +146,7 @@ fn s5_recovery() {
 fn usage_errors_name_the_culprit() {
     let (code, stdout, _) = bench(&["--help"]);
     assert_eq!(code, 0);
-    for scenario in ["s1", "s2", "s3", "s4", "s5"] {
+    for scenario in ["s1", "s2", "s3", "s4", "s5", "s6", "s7"] {
         assert!(stdout.contains(scenario), "--help lacks {scenario}:\n{stdout}");
     }
     let (code, stdout, _) = bench(&["s2", "--help"]);
@@ -156,9 +156,9 @@ fn usage_errors_name_the_culprit() {
     {
         assert!(stdout.contains(flag), "--help lacks {flag}:\n{stdout}");
     }
-    let (code, _, stderr) = bench(&["s7"]);
+    let (code, _, stderr) = bench(&["s9"]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("'s7'"), "{stderr}");
+    assert!(stderr.contains("'s9'"), "{stderr}");
     let (code, _, stderr) = bench(&["s2", "--frobnicate"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("--frobnicate"), "{stderr}");

@@ -7,12 +7,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use kairos_layer::limits::SUBMIT_BATCH_MAX;
+use kairos_layer::ops::fire::Offer;
 use kairos_layer::ops::submit::{SubmitRequest, Submitted};
 use kairos_layer::ops::validate::check_batch;
 use kairos_layer::ops::{self, Error, error::invalid};
 
 use super::Node;
 use crate::runtime::effects;
+use crate::runtime::matchmaker::Reserved;
+use crate::runtime::messages::QueueKey;
 use crate::server::quota::Refused;
 
 impl Node {
@@ -32,10 +35,40 @@ impl Node {
         // Before any quota counts the batch.
         check_batch("requests", items.len(), SUBMIT_BATCH_MAX)?;
         let (n, items) = (items.len(), self.admit_batch(items).await);
-        let out = self.ctx().sched.submit_batch(items).await?;
+        let offer = self.due_now_offer(&items);
+        let slots: Offer = offer.iter().map(|(q, r)| (q.clone(), r.slots.clone())).collect();
+        let out = self.ctx().sched.submit_batch_offered(items, &slots).await;
+        effects::submit_matched(self.ctx(), out.as_ref().ok().map(|o| &o.1[..]), offer);
+        let out = out?.0;
         assert_eq!(out.len(), n, "one result per item, in order");
         effects::submitted(self.ctx(), out.iter().flatten());
         Ok(out)
+    }
+
+    /// The waiting workers a submit may start its due-now items for (sync match at submit):
+    /// per namespace of the batch, up to its due-now count of each hungry queue's free credits.
+    /// Nothing while a shard owner here holds due executions back for busy workers: what was
+    /// due before goes first.
+    fn due_now_offer(&self, items: &[ops::Result<SubmitRequest>]) -> BTreeMap<QueueKey, Reserved> {
+        let ctx = self.ctx();
+        if ctx.held.any_waiting() {
+            return BTreeMap::new();
+        }
+        let now = ctx.now_ms();
+        let mut due: BTreeMap<String, usize> = BTreeMap::new();
+        for r in items.iter().flatten() {
+            let due_now = match r.delay_ms {
+                Some(d) => d == 0,
+                None => r.execute_at_ms <= now,
+            };
+            if due_now {
+                *due.entry(r.namespace.clone()).or_default() += 1;
+            }
+        }
+        if due.is_empty() {
+            return BTreeMap::new();
+        }
+        ctx.matchmaker.offer_in(&due)
     }
 
     /// Screens a batch: sizes per item, then quotas per namespace (its admitted items at once).

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kairos_layer::env::Timestamp;
 use kairos_layer::ops::claim::Claimed;
-use kairos_layer::ops::fire::{FireOutcome, Fired};
+use kairos_layer::ops::fire::{FireOutcome, Fired, Match};
 use kairos_layer::ops::submit::Submitted;
 use kairos_layer::ops::worker::{HeartbeatOutcome, Outcome, Report};
 use kairos_layer::ops::{self, Error, timer_of};
@@ -30,6 +30,24 @@ pub(crate) fn submitted<'a>(ctx: &Ctx, results: impl IntoIterator<Item = &'a Sub
             ctx.routes.timer_hint(t);
         }
     }
+}
+
+/// A submit started due-now executions for this node's waiting workers (sync match at submit,
+/// `Scheduler::submit_batch_offered`): they go to the dispatcher for their workers, the rest
+/// of the offer back to the ledger (all of it when the submit failed).
+pub(crate) fn submit_matched(
+    ctx: &Ctx,
+    matched: Option<&[Match]>,
+    offer: BTreeMap<QueueKey, Reserved>,
+) {
+    let Some(matched) = matched else {
+        for (q, r) in offer {
+            ctx.matchmaker.give_back(&q, r.grants);
+        }
+        return;
+    };
+    ctx.metrics.matched_at_submit.fetch_add(matched.len() as u64, Ordering::Relaxed);
+    deliver_matched(ctx, "submit", matched, offer, false);
 }
 
 /// The metric outcome of each report, by what the worker said (read before the reports go).
@@ -226,7 +244,10 @@ fn settle(
         }
         ctx.metrics.quarantined.fetch_add(out.quarantined as u64, Ordering::Relaxed);
     }
-    deliver_matched(ctx, shard, out, offer, ahead);
+    if !out.matched.is_empty() {
+        ctx.metrics.matched_at_fire.fetch_add(out.matched.len() as u64, Ordering::Relaxed);
+    }
+    deliver_matched(ctx, &format!("fire of shard {shard}"), &out.matched, offer, ahead);
     hint_ready(ctx, &out.fired);
 }
 
@@ -245,29 +266,28 @@ pub(crate) fn room(ctx: &Ctx) {
 /// started ahead) — the rest of the offer goes back to the ledger now.
 fn deliver_matched(
     ctx: &Ctx,
-    shard: u32,
-    out: &FireOutcome,
+    origin: &str,
+    matched: &[Match],
     offer: BTreeMap<QueueKey, Reserved>,
     at_start: bool,
 ) {
-    let mut to_deliver = Vec::with_capacity(out.matched.len());
+    let mut to_deliver = Vec::with_capacity(matched.len());
     for (q, r) in offer {
         let mut used = vec![0; r.slots.len()];
-        for m in out.matched.iter().filter(|m| queue_of(&m.claim) == q) {
+        for m in matched.iter().filter(|m| queue_of(&m.claim) == q) {
             used[m.slot] += 1;
             to_deliver.push((m.claim.clone(), r.ids[m.slot]));
         }
         let (_, unused) = r.split(&used);
         ctx.matchmaker.give_back(&q, unused);
     }
-    debug_assert_eq!(to_deliver.len(), out.matched.len(), "every match is for an offered slot");
+    debug_assert_eq!(to_deliver.len(), matched.len(), "every match is for an offered slot");
     if to_deliver.is_empty() {
         return;
     }
-    ctx.metrics.matched_at_fire.fetch_add(to_deliver.len() as u64, Ordering::Relaxed);
     let Some(d) = ctx.routes.dispatcher() else {
         // No dispatcher (draining): the leases run out and the retry policy applies.
-        tracing::warn!(shard, "matched executions with no dispatcher to deliver them");
+        tracing::warn!(origin, "matched executions with no dispatcher to deliver them");
         return;
     };
     if !at_start {

@@ -57,6 +57,12 @@ impl Held {
         }
     }
 
+    /// Whether an owner waits for room (due executions held back on this node): a submit then
+    /// starts nothing itself, so what is due now never goes ahead of what was due before.
+    pub fn any_waiting(&self) -> bool {
+        !self.waiting.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
     /// The owner to wake next, if any waits.
     pub fn next(&self) -> Option<u32> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner()).pop_front()

@@ -415,6 +415,19 @@ impl Matchmaker {
         self.offer_of(want, true)
     }
 
+    /// [`Matchmaker::offer`] for a submit of due-now work (sync match at submit): of the hungry
+    /// queues of the namespaces in `want`, up to that namespace's count each.
+    pub fn offer_in(&self, want: &BTreeMap<String, usize>) -> BTreeMap<QueueKey, Reserved> {
+        self.hungry()
+            .into_iter()
+            .filter_map(|q| {
+                let n = want.get(&q.0).copied().unwrap_or(0);
+                let grants = if n == 0 { Vec::new() } else { self.take_for_fire(&q, n, false) };
+                (!grants.is_empty()).then(|| (q, Reserved::of(grants)))
+            })
+            .collect()
+    }
+
     fn offer_of(&self, want: usize, ahead: bool) -> BTreeMap<QueueKey, Reserved> {
         if want == 0 {
             return BTreeMap::new();

@@ -94,6 +94,8 @@ pub struct Metrics {
     pub matched_at_fire: AtomicU64,
     /// Of those, started ahead of their `execute_at` by a pre-fire (handed over at it).
     pub prefired: AtomicU64,
+    /// Due-now executions started for a waiting worker by the transaction that submitted them.
+    pub matched_at_submit: AtomicU64,
     /// Claimed executions whose worker vanished, released back to READY.
     pub orphans_released: AtomicU64,
     /// Timers put aside as unprocessable (see the admin API's `Quarantined`).
@@ -242,6 +244,11 @@ impl Metrics {
                 "kairos_matched_at_fire",
                 "Executions started for a waiting worker by the transaction that fired them.",
                 &self.matched_at_fire,
+            ),
+            (
+                "kairos_matched_at_submit",
+                "Due-now executions started for a waiting worker by the transaction that submitted them (no timer, no fire).",
+                &self.matched_at_submit,
             ),
             (
                 "kairos_prefired",

@@ -104,6 +104,16 @@ impl<'a> SlotFiller<'a> {
         SlotFiller { slots, next: 0, used: 0 }
     }
 
+    /// A filler that goes on where one left off ([`SlotFiller::position`]).
+    pub(crate) fn resume(slots: &'a [ClaimSlot], (next, used): (usize, usize)) -> Self {
+        SlotFiller { slots, next, used }
+    }
+
+    /// Where the filler is: the slot it fills and how many it gave that slot.
+    pub(crate) fn position(&self) -> (usize, usize) {
+        (self.next, self.used)
+    }
+
     /// The slot the next execution goes to, if any has room.
     pub(crate) fn take(&mut self) -> Option<(usize, &'a ClaimSlot)> {
         while self.next < self.slots.len() && self.used >= self.slots[self.next].max {
@@ -239,7 +249,7 @@ impl Scheduler {
             tx.add_read_conflict_key(&kv.key)?;
             tx.clear(&kv.key)?;
             let (stored, wm) = (e.status, wms[&e.shard]);
-            self.start_attempt(tx, &mut e, stored, slot, now_ms, wm)?;
+            self.start_attempt(tx, &mut e, Some(stored), slot, now_ms, wm)?;
             taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
             out.per_slot[i].push(Claimed::of(e));
         }

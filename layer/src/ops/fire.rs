@@ -239,7 +239,7 @@ impl Scheduler {
                 Some((i, slot)) => {
                     // Straight to RUNNING: the status index moves from the stored state, and
                     // no ready entry is written.
-                    self.start_attempt(tx, &mut e, before, slot, now_ms, wm)?;
+                    self.start_attempt(tx, &mut e, Some(before), slot, now_ms, wm)?;
                     taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
                     out.fired.push(fired(&e, &t, false));
                     out.matched.push(Match { claim: Claimed::of(e), slot: i });

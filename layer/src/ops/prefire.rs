@@ -81,7 +81,7 @@ impl Scheduler {
                         tx.clear(&self.ks.timer(&t))?;
                         let (before, at) = (e.status, t.fire_at_ms.max(e.execute_at_ms));
                         e.status = execution_transition(e.status(), fire_event(&t))? as i32;
-                        self.start_attempt(&tx, &mut e, before, slot, at, wm)?;
+                        self.start_attempt(&tx, &mut e, Some(before), slot, at, wm)?;
                         taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
                         out.fired.push(fired(&e, &t, false));
                         out.matched.push(Match { claim: Claimed::of(e), slot: i });

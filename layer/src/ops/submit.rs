@@ -9,12 +9,15 @@ use crate::limits::{EXECUTE_AT_FUTURE_MAX_MS, EXECUTE_AT_PAST_MAX_MS, INPUT_BYTE
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::claim::{ClaimSlot, Claimed, Receipt, SlotFiller};
+use super::fire::{Match, Offer};
 use super::records::{decode, encode, load_execution};
 use super::validate::{check_batch, check_idempotency_key, check_name};
 use super::{Scheduler, budget, definitions};
 use crate::ids::{fingerprint, new_execution_id, shard_of};
 use crate::kv::Transaction;
 use crate::limits::SUBMIT_BATCH_MAX;
+use crate::state::{ExecutionEvent, execution_transition};
 
 /// A request to run one execution of a definition version at `execute_at_ms` (or after
 /// `delay_ms` by the node's clock).
@@ -161,39 +164,36 @@ impl Scheduler {
         &self,
         items: Vec<Result<SubmitRequest>>,
     ) -> Result<Vec<Result<Submitted>>> {
+        Ok(self.submit_batch_offered(items, &Offer::new()).await?.0)
+    }
+
+    /// [`Self::submit_batch`], starting due-now executions at once for the slots of `offer`
+    /// (waiting workers the caller reserved): a *sync match at submit*. Such an execution is
+    /// written RUNNING for its slot's worker, with its first attempt, fencing token and lease
+    /// check, in the submit's own transaction — no due timer written and cleared, no fire.
+    /// Slots are filled in request order, as a fire fills them. Returns the matches with the
+    /// results; a retry after an unknown commit result matches again what the committed try
+    /// started (the same requests in the same order meet the same slots).
+    pub async fn submit_batch_offered(
+        &self,
+        items: Vec<Result<SubmitRequest>>,
+        offer: &Offer,
+    ) -> Result<(Vec<Result<Submitted>>, Vec<Match>)> {
         check_batch("requests", items.len(), SUBMIT_BATCH_MAX)?;
         let now_ms = self.clock.now().as_millis();
         let prepared: Vec<Result<Prepared>> =
             items.into_iter().map(|r| r.and_then(|r| self.prepare(r, now_ms))).collect();
         if prepared.iter().all(Result::is_err) {
             // Nothing to write: no transaction.
-            return Ok(prepared
-                .into_iter()
-                .map(|p| p.map(|_| unreachable!("all failed")))
-                .collect());
+            let out = prepared.into_iter().map(|p| p.map(|_| unreachable!("all failed")));
+            return Ok((out.collect(), Vec::new()));
         }
-        // The first request of each idempotency key is written; later ones with the same key
-        // answer from it (same request: the same execution; another request: a conflict).
-        let mut first_of_key: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-        let mut first: Vec<Option<usize>> = Vec::with_capacity(prepared.len());
-        for (i, p) in prepared.iter().enumerate() {
-            let dup = match p {
-                Ok(p) => p.req.idempotency_key.as_deref().and_then(|k| {
-                    let key = (p.req.namespace.as_str(), k);
-                    match first_of_key.get(&key) {
-                        Some(j) => Some(*j),
-                        None => {
-                            first_of_key.insert(key, i);
-                            None
-                        }
-                    }
-                }),
-                Err(_) => None,
-            };
-            first.push(dup);
-        }
+        let first = first_of_keys(&prepared);
         let (prepared, first) = (&prepared, &first);
         let mut out: Vec<Result<Submitted>> = Vec::with_capacity(prepared.len());
+        // Where each queue's slots stand after the parts committed so far.
+        let mut filled = Starts::new(offer);
+        let mut matched = Vec::new();
         while out.len() < prepared.len() {
             let (from, done) = (out.len(), &out);
             // The ids were generated for this call: only a retry of the transaction (after an
@@ -203,20 +203,42 @@ impl Scheduler {
             // requests) stay far under the transaction budget — so the next part never starts
             // inside what an earlier try wrote.
             let mut tries = 0u32;
-            let part = self
+            let at = &filled;
+            // The receipt of what this part starts (as a claim's or a fire's): orphan release
+            // finds a dead node's undelivered starts by it.
+            // (No random draw without an offer: the ids a seeded submit makes stay as they were.)
+            let receipt = &match offer.is_empty() {
+                true => Vec::new(),
+                false => self.ks.claim_receipt(now_ms, self.rng.next_u64(), &self.holder),
+            };
+            let (part, starts) = self
                 .db
                 .run(|tx| {
                     tries += 1;
                     let retry = tries > 1;
+                    let mut starts = at.clone();
                     async move {
-                        self.submit_part(&tx, prepared, first, (from, done, retry), now_ms).await
+                        let part = self
+                            .submit_part(
+                                &tx,
+                                prepared,
+                                first,
+                                (from, done, retry),
+                                now_ms,
+                                &mut starts,
+                            )
+                            .await?;
+                        starts.write_receipt(&tx, receipt)?;
+                        Ok::<_, Error>((part, starts))
                     }
                 })
                 .await?;
             assert!(!part.is_empty(), "a transaction takes at least one request");
             out.extend(part);
+            matched.extend(starts.matched.iter().cloned());
+            filled = starts.committed();
         }
-        Ok(out)
+        Ok((out, matched))
     }
 
     /// Submits the requests from `from` on that fit one transaction's budget; `done` holds the
@@ -229,6 +251,7 @@ impl Scheduler {
         first: &[Option<usize>],
         (from, done, retry): (usize, &[Result<Submitted>], bool),
         now_ms: i64,
+        starts: &mut Starts<'_>,
     ) -> Result<Vec<Result<Submitted>>> {
         let unique: Vec<&Prepared> = prepared[from..]
             .iter()
@@ -252,7 +275,7 @@ impl Scheduler {
                     wrote += 1;
                     let f =
                         found.next().ok_or_else(|| Error::Corrupt("submit read missing".into()))?;
-                    match self.submit_one(tx, p, f, now_ms) {
+                    match self.submit_one(tx, p, f, now_ms, starts) {
                         Err(Error::Kv(e)) => return Err(Error::Kv(e)),
                         r => r,
                     }
@@ -341,6 +364,7 @@ impl Scheduler {
         p: &Prepared,
         f: Found,
         now_ms: i64,
+        starts: &mut Starts<'_>,
     ) -> Result<Submitted> {
         let (req, id, print) = (&p.req, &p.id, &p.print);
         let ns = req.namespace.as_str();
@@ -353,6 +377,10 @@ impl Scheduler {
             }
             let existing = existing
                 .ok_or_else(|| Error::Corrupt(format!("idempotency key {key:?} dangles")))?;
+            if existing.id == *id {
+                // Written by a committed try of this call: what it started, it started again.
+                starts.rematch(&existing, now_ms);
+            }
             return Ok(Submitted { execution: existing, created: false });
         }
         // A retry after an unknown commit result finds its own execution.
@@ -364,6 +392,7 @@ impl Scheduler {
                     "execution id {id} collided with another request; submit again"
                 )));
             }
+            starts.rematch(&existing, now_ms);
             return Ok(Submitted { execution: existing, created: false });
         }
         let def = f.def.ok_or_else(|| Error::NotFound {
@@ -378,9 +407,7 @@ impl Scheduler {
         let mut e = new_execution(&def, req, id, p.shard, now_ms, &snapshot)?;
         e.request_fingerprint = print.clone();
         e.traceparent = req.traceparent.as_deref().and_then(traceparent).unwrap_or_default();
-        let at = e.execute_at_ms;
-        self.set_timer_with(tx, &mut e, TimerKind::Due, at, f.wm)?;
-        self.save_execution(tx, None, &e)?;
+        self.write_new(tx, &mut e, starts, now_ms, f.wm)?;
         tx.set(&self.ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id), b"")?;
         // (Its time index entry, holding its spec, is written by `save_execution`.)
         if let Some(key) = &req.idempotency_key {
@@ -388,6 +415,103 @@ impl Scheduler {
             tx.set(&self.ks.idempotency(ns, key), &encode(&rec))?;
         }
         Ok(Submitted { execution: e, created: true })
+    }
+}
+
+/// The slots of a submit's offer: where each queue's filling stands, and what the transaction
+/// started for them.
+#[derive(Clone)]
+struct Starts<'a> {
+    offer: &'a Offer,
+    /// Per queue of the offer, the filler's position ([`SlotFiller::position`]).
+    at: BTreeMap<(String, String), (usize, usize)>,
+    /// Executions started in this transaction.
+    matched: Vec<Match>,
+}
+
+impl<'a> Starts<'a> {
+    fn new(offer: &'a Offer) -> Self {
+        Starts { offer, at: BTreeMap::new(), matched: Vec::new() }
+    }
+
+    /// The next slot for a new execution due by `now_ms`, if its queue has one left.
+    fn take(&mut self, e: &Execution, now_ms: i64) -> Option<(usize, &'a ClaimSlot)> {
+        if e.execute_at_ms > now_ms || self.offer.is_empty() {
+            return None;
+        }
+        let q = (e.namespace.clone(), e.queue.clone());
+        let slots = self.offer.get(&q)?;
+        let at = self.at.entry(q).or_insert((0, 0));
+        let mut filler = SlotFiller::resume(slots, *at);
+        let taken = filler.take();
+        *at = filler.position();
+        taken
+    }
+
+    /// An execution a committed try of this call wrote: if that try started it (RUNNING in its
+    /// first attempt, never heard from), the same slot is taken again and it is matched again.
+    fn rematch(&mut self, e: &Execution, now_ms: i64) {
+        let started = e.status == ExecutionStatus::Running as i32
+            && e.attempt_count == 1
+            && !e.worker_confirmed;
+        if !started {
+            return;
+        }
+        if let Some((i, slot)) = self.take(e, now_ms)
+            && slot.worker_id == e.worker_id
+        {
+            self.matched.push(Match { claim: Claimed::of(e.clone()), slot: i });
+        }
+    }
+
+    /// Writes the receipt of the executions this transaction started, if any.
+    fn write_receipt(&self, tx: &Transaction, receipt: &[u8]) -> Result<()> {
+        if self.matched.is_empty() {
+            return Ok(());
+        }
+        let taken: Receipt = self
+            .matched
+            .iter()
+            .map(|m| {
+                let e = &m.claim.execution;
+                (e.namespace.clone(), e.id.clone(), e.fencing_token, m.slot as u32)
+            })
+            .collect();
+        tx.set(receipt, &crate::tuple::pack(&taken))?;
+        Ok(())
+    }
+
+    /// The positions reached, for the next transaction (its matches are the caller's now).
+    fn committed(self) -> Starts<'a> {
+        Starts { matched: Vec::new(), ..self }
+    }
+}
+
+impl Scheduler {
+    /// Writes a new execution: SCHEDULED with its due timer — or, due now with a slot of the
+    /// offer left for its queue, RUNNING for that slot's worker at once (SCHEDULED → READY →
+    /// RUNNING, neither stored; the lease check is its only timer).
+    fn write_new(
+        &self,
+        tx: &Transaction,
+        e: &mut Execution,
+        starts: &mut Starts<'_>,
+        now_ms: i64,
+        wm: i64,
+    ) -> Result<()> {
+        match starts.take(e, now_ms) {
+            Some((i, slot)) => {
+                e.status = execution_transition(e.status(), ExecutionEvent::Fire)? as i32;
+                self.start_attempt(tx, e, None, slot, now_ms, wm)?;
+                starts.matched.push(Match { claim: Claimed::of(e.clone()), slot: i });
+            }
+            None => {
+                let at = e.execute_at_ms;
+                self.set_timer_with(tx, e, TimerKind::Due, at, wm)?;
+                self.save_execution(tx, None, e)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -401,6 +525,31 @@ struct Found {
     def: Option<Arc<JobDefinition>>,
     /// Its shard's watermark.
     wm: i64,
+}
+
+/// For each request, the index of an earlier one with its idempotency key, if any: the first
+/// request of each key is written; later ones with the same key answer from it (same request:
+/// the same execution; another request: a conflict).
+fn first_of_keys(prepared: &[Result<Prepared>]) -> Vec<Option<usize>> {
+    let mut first_of_key: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    let mut first: Vec<Option<usize>> = Vec::with_capacity(prepared.len());
+    for (i, p) in prepared.iter().enumerate() {
+        let dup = match p {
+            Ok(p) => p.req.idempotency_key.as_deref().and_then(|k| {
+                let key = (p.req.namespace.as_str(), k);
+                match first_of_key.get(&key) {
+                    Some(j) => Some(*j),
+                    None => {
+                        first_of_key.insert(key, i);
+                        None
+                    }
+                }
+            }),
+            Err(_) => None,
+        };
+        first.push(dup);
+    }
+    first
 }
 
 /// The answer to a later request of the batch with the same idempotency key as `first`.

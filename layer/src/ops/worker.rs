@@ -267,12 +267,13 @@ impl Scheduler {
     /// READY → RUNNING: a new attempt with the next fencing token, a lease and its check
     /// timer (`wm` is the execution's shard watermark, read in this transaction). `stored` is
     /// the status the store holds, which the status index moves from: READY for a claim, the
-    /// state before firing for a fire matched to a waiting worker (READY is then never stored).
+    /// state before firing for a fire matched to a waiting worker (READY is then never stored),
+    /// none for a submit of due-now work matched to a waiting worker (a new execution).
     pub(crate) fn start_attempt(
         &self,
         tx: &Transaction,
         e: &mut Execution,
-        stored: i32,
+        stored: Option<i32>,
         slot: &ClaimSlot,
         now_ms: i64,
         wm: i64,
@@ -292,7 +293,7 @@ impl Scheduler {
         e.lease_expires_at_ms = attempt_deadline_ms(e);
         let deadline = e.lease_expires_at_ms;
         self.set_timer_with(tx, e, TimerKind::LeaseCheck, deadline, wm)?;
-        self.save_execution(tx, Some(stored), e)?;
+        self.save_execution(tx, stored, e)?;
         assert!(e.status == ExecutionStatus::Running as i32 && e.timer.is_some());
         assert!(e.fencing_token != previous, "a new attempt has a new fencing token");
         Ok(())

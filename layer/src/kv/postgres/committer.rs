@@ -23,6 +23,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{Client, Statement};
 
+use super::cache::Changed;
 use super::listener::payload;
 use super::{COMMIT_BATCH_TRANSACTIONS_MAX, HISTORY_RETENTION_MS, PG_KEY_INDEX_BYTES_MAX, Shared};
 use super::{classify, unavailable};
@@ -116,6 +117,12 @@ async fn connected<'a>(db: &Shared, conn: &'a mut Option<Conn>) -> Result<&'a mu
             prepare(&sql.put),
             prepare(&sql.publish),
         )?;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .map_err(|e| classify(&e))?
+            .get(0);
+        db.committer_pid.store(pid, Ordering::Release);
         *conn = Some(Conn { client, lock, conflicts, current, clear_ranges, put, publish });
     }
     conn.as_mut().ok_or_else(|| Error::Storage("no committer connection".into()))
@@ -144,6 +151,8 @@ async fn commit_batch(db: &Shared, client: &mut Option<Conn>, batch: Vec<Job>) {
             }
         }
         Err(Failure::Unknown) => {
+            // Maybe committed, unknown at which version: the read cache loses the order.
+            db.cache.suspend();
             *client = None;
             for job in batch {
                 let _ = job.reply.send(Err(Error::CommitUnknownResult));
@@ -266,7 +275,7 @@ async fn try_batch(
     let mut target = Target { stored, ..Target::default() };
     let changes = apply_batch(&mut target, &accepted, true)
         .map_err(|e| Failure::NotApplied(Error::Storage(format!("folding a batch: {e}"))))?;
-    write(db, c, &target, top, &changes).await.map_err(&err)?;
+    write(db, c, base, &target, top, &changes).await.map_err(&err)?;
     if let Err(e) = c.client.batch_execute("COMMIT").await {
         return Err(if refused_commit(&e) {
             Failure::NotApplied(classify(&e))
@@ -274,6 +283,9 @@ async fn try_batch(
             Failure::Unknown
         });
     }
+    // Before any caller hears of it: a transaction begun after reads it from the cache.
+    let Target { cleared, puts, .. } = target;
+    db.cache.batch(base, top, Changed::Exact { cleared, puts: puts.into_iter().collect() });
     // Acknowledged in order: the log first, so a transaction begun after this batch's callers
     // hear of it reads at least this far, and one begun before reads below it.
     db.acks.push(base);
@@ -353,10 +365,11 @@ impl ApplyTarget for Target {
     }
 }
 
-/// Writes the folded batch at version `top` and publishes it.
+/// Writes the folded batch `(base, top]` and publishes it.
 async fn write(
     db: &Shared,
     c: &Conn,
+    base: u64,
     t: &Target,
     top: u64,
     changes: &[Change],
@@ -372,7 +385,7 @@ async fn write(
         let values: Vec<Option<&[u8]>> = t.puts.values().map(|v| v.as_deref()).collect();
         c.client.execute(&c.put, &[&put_keys, &values, &top]).await?;
     }
-    let payload = payload(top, changes);
+    let payload = payload(to_i64(base), top, changes);
     c.client.query(&c.publish, &[&top, &db.sql.channel, &payload]).await?;
     Ok(())
 }

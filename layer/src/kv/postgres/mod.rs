@@ -46,6 +46,7 @@
 use super::limits::ACK_LOG_BATCHES_MAX;
 pub use super::limits::{COMMIT_BATCH_TRANSACTIONS_MAX, PG_KEY_INDEX_BYTES_MAX};
 
+mod cache;
 mod committer;
 mod listener;
 mod sql;
@@ -53,7 +54,7 @@ pub mod testing;
 mod transaction;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -261,6 +262,11 @@ struct Shared {
     /// Why the database could not be reached at the last try (`None`: it could), for
     /// [`KvDatabase::health`].
     unreachable: Mutex<Option<String>>,
+    /// Point reads served without a statement (see `cache`).
+    cache: cache::ReadCache,
+    /// The backend pid of the committer's connection (0: none yet): the listener leaves the
+    /// notifications of this process's own batches to the committer.
+    committer_pid: AtomicI32,
 }
 
 impl Shared {
@@ -366,6 +372,8 @@ impl PostgresDatabase {
             tasks: Mutex::new(Vec::new()),
             stats: Arc::new(PostgresStats::default()),
             unreachable: Mutex::new(None),
+            cache: cache::ReadCache::default(),
+            committer_pid: AtomicI32::new(0),
         });
         let committer = tokio::spawn(committer::run(shared.clone(), rx));
         let listener = listener::start(shared.clone()).await?;
@@ -387,6 +395,13 @@ impl PostgresDatabase {
     /// The committer's counters.
     pub fn stats(&self) -> Arc<PostgresStats> {
         self.shared.stats.clone()
+    }
+
+    /// The read cache's counters: (hits, misses, resets).
+    pub fn cache_stats(&self) -> (u64, u64, u64) {
+        let s = &self.shared.cache.stats;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (get(&s.hits), get(&s.misses), get(&s.resets))
     }
 }
 

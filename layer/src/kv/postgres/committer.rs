@@ -391,7 +391,14 @@ async fn write(
     if !t.cleared.is_empty() {
         let begins: Vec<&[u8]> = t.cleared.iter().map(|(b, _)| b.as_slice()).collect();
         let ends: Vec<&[u8]> = t.cleared.iter().map(|(_, e)| e.as_slice()).collect();
-        c.client.execute(&c.clear_ranges, &[&begins, &ends, &put_keys, &top]).await?;
+        // Only the written keys inside a cleared range are spared (usually none): the
+        // statement compares each cleared row with each of them.
+        let inside: Vec<&[u8]> = put_keys
+            .iter()
+            .copied()
+            .filter(|k| t.cleared.iter().any(|(b, e)| b.as_slice() <= *k && *k < e.as_slice()))
+            .collect();
+        c.client.execute(&c.clear_ranges, &[&begins, &ends, &inside, &top]).await?;
     }
     if !put_keys.is_empty() {
         let values: Vec<Option<&[u8]>> = t.puts.values().map(|v| v.as_deref()).collect();

@@ -33,8 +33,12 @@ use bytes::Bytes;
 use super::sql::fnv1a;
 use crate::kv::local::resolver::KeyRange;
 
-/// Bytes of keys and values the cache holds at most (it empties when over).
+/// Bytes the cache holds at most, its own overhead counted; when over, the older half of its
+/// entries (by the version that wrote them) is evicted.
 const BYTES_MAX: usize = 64 << 20;
+/// What an entry costs beyond its key (held twice: by key and by hash) and value: the nodes
+/// of the two maps and the value's handle, approximately.
+const ENTRY_OVERHEAD_BYTES: usize = 96;
 /// A value larger than this is never cached.
 const VALUE_BYTES_MAX: usize = 16 << 10;
 /// Batches that may wait for an earlier one before the cache gives up on the order.
@@ -72,8 +76,10 @@ pub struct CacheStats {
     pub hits: AtomicU64,
     /// Point reads that went to the database.
     pub misses: AtomicU64,
-    /// Times the cache emptied (lost order, over its size).
+    /// Times the cache emptied (lost order).
     pub resets: AtomicU64,
+    /// Times it evicted its older half (over its size).
+    pub evictions: AtomicU64,
 }
 
 #[derive(Default)]
@@ -195,13 +201,36 @@ impl ReadCache {
         *inner = Inner { horizon, ..Inner::default() };
     }
 
+    /// Over its size: evicts the entries written at or before the median version.
     fn trim(&self, inner: &mut Inner) {
-        if inner.bytes > BYTES_MAX {
-            let h = inner.horizon;
-            let waiting = std::mem::take(&mut inner.waiting);
-            self.reset(inner, h);
-            inner.waiting = waiting;
+        if inner.bytes <= BYTES_MAX {
+            return;
         }
+        let mut written: Vec<u64> = inner.entries.values().map(|e| e.written).collect();
+        let mid = written.len() / 2;
+        let median = *written.select_nth_unstable(mid).1;
+        inner.entries.retain(|_, e| e.written > median);
+        inner.by_hash.clear();
+        inner.bytes = 0;
+        let kept: Vec<(Vec<u8>, usize)> =
+            inner.entries.iter().map(|(k, e)| (k.clone(), cost(k, &e.value))).collect();
+        for (k, size) in kept {
+            inner.bytes += size;
+            inner.by_hash.entry(fnv1a(&k)).or_default().push(k);
+        }
+        self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What an entry of `key` holding `value` costs the cache.
+fn cost(key: &[u8], value: &Option<Bytes>) -> usize {
+    2 * key.len() + value.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD_BYTES
+}
+
+impl ReadCache {
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 }
 
@@ -211,10 +240,10 @@ impl Inner {
             self.remove(&key);
             return;
         }
-        let size = key.len() + value.as_ref().map_or(0, Bytes::len);
+        let size = cost(&key, &value);
         match self.entries.get_mut(&key) {
             Some(e) => {
-                self.bytes -= key.len() + e.value.as_ref().map_or(0, Bytes::len);
+                self.bytes -= cost(&key, &e.value);
                 *e = Entry { value, written };
             }
             None => {
@@ -227,7 +256,7 @@ impl Inner {
 
     fn remove(&mut self, key: &[u8]) {
         if let Some(e) = self.entries.remove(key) {
-            self.bytes -= key.len() + e.value.as_ref().map_or(0, Bytes::len);
+            self.bytes -= cost(key, &e.value);
             let h = fnv1a(key);
             if let Some(keys) = self.by_hash.get_mut(&h) {
                 keys.retain(|k| k.as_slice() != key);
@@ -263,7 +292,7 @@ impl Inner {
                 for h in hashes {
                     for k in self.by_hash.remove(&h).unwrap_or_default() {
                         if let Some(e) = self.entries.remove(&k) {
-                            self.bytes -= k.len() + e.value.as_ref().map_or(0, Bytes::len);
+                            self.bytes -= cost(&k, &e.value);
                         }
                     }
                 }
@@ -354,5 +383,25 @@ mod tests {
         c.notified(false, Some(30), 31, None);
         assert_eq!(c.get(b"y", 31), None);
         assert!(c.stats.resets.load(Ordering::Relaxed) >= 2);
+    }
+
+    #[test]
+    fn over_its_size_it_keeps_the_newer_half() {
+        let c = ReadCache::default();
+        c.notified(false, None, 0, None);
+        let value = Some(Bytes::from(vec![7u8; 8 << 10]));
+        let n = (BYTES_MAX / (8 << 10)) as u64 + 10;
+        for v in 1..=n {
+            let puts = vec![(v.to_be_bytes().to_vec(), value.clone())];
+            c.batch(v - 1, v, Changed::Exact { cleared: vec![], puts });
+        }
+        assert!(c.bytes() <= BYTES_MAX);
+        assert_eq!(c.stats.evictions.load(Ordering::Relaxed), 1);
+        assert_eq!(c.get(&n.to_be_bytes(), n), Some(value.clone()), "the newest stays");
+        assert_eq!(c.get(&1u64.to_be_bytes(), n), None, "the oldest went");
+        // Eviction by hash still finds the kept keys.
+        let hashes = vec![fnv1a(&n.to_be_bytes())];
+        c.notified(false, Some(n), n + 1, Some(Changed::Touched { hashes, ranges: vec![] }));
+        assert_eq!(c.get(&n.to_be_bytes(), n + 1), None);
     }
 }

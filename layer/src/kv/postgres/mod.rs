@@ -11,6 +11,10 @@
 //!   `kv` row if it is not newer than `rv`, else the `history` row that was current at `rv`.
 //!   So reads need no long-lived PostgreSQL transaction: each is one statement on any pooled
 //!   connection, and a transaction holds no connection while its closure runs.
+//! - **Read cache.** Point reads of keys whose value the process knows is current through
+//!   the read version are served without a statement (see `cache`, ADR 0015): every commit
+//!   batch is applied to the cache in commit order — the process's own by its committer, with
+//!   the values written; other processes' from their notifications, which evict what they name.
 //! - **Read version.** Requested at the first read (or at commit, or by `read_version`): the
 //!   database's latest version, but never a version this process acknowledged after the
 //!   transaction began (so commits that finished after `begin` are not seen, as on the local

@@ -33,16 +33,13 @@ use bytes::Bytes;
 use super::sql::fnv1a;
 use crate::kv::local::resolver::KeyRange;
 
-/// Bytes the cache holds at most, its own overhead counted; when over, about half of its
-/// entries are evicted.
-const BYTES_MAX: usize = 128 << 20;
+use crate::kv::limits::{
+    PG_READ_CACHE_BYTES_MAX as BYTES_MAX, PG_READ_CACHE_VALUE_BYTES_MAX as VALUE_BYTES_MAX,
+    PG_READ_CACHE_WAITING_MAX as WAITING_MAX,
+};
 /// What an entry costs beyond its key (held twice: by key and by hash) and value: the nodes
 /// of the two maps and the value's handle, approximately.
 const ENTRY_OVERHEAD_BYTES: usize = 160;
-/// A value larger than this is never cached.
-const VALUE_BYTES_MAX: usize = 16 << 10;
-/// Batches that may wait for an earlier one before the cache gives up on the order.
-const WAITING_MAX: usize = 256;
 
 /// What a batch changed, as its source knows it.
 pub(crate) enum Changed {

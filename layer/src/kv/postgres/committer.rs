@@ -296,8 +296,7 @@ async fn try_batch(
         });
     }
     // Before any caller hears of it: a transaction begun after reads it from the cache.
-    let Target { cleared, puts, .. } = target;
-    db.cache.batch(base, top, Changed::Exact { cleared, puts: puts.into_iter().collect() });
+    db.cache.batch(base, top, target.into_changed());
     // Acknowledged in order: the log first, so a transaction begun after this batch's callers
     // hear of it reads at least this far, and one begun before reads below it.
     db.acks.push(base);
@@ -360,6 +359,13 @@ struct Target {
     stored: BTreeMap<Vec<u8>, Bytes>,
     cleared: Vec<KeyRange>,
     puts: BTreeMap<Vec<u8>, Option<Bytes>>,
+}
+
+impl Target {
+    /// What the batch changed, exactly, for the read cache.
+    fn into_changed(self) -> Changed {
+        Changed::Exact { cleared: self.cleared, puts: self.puts.into_iter().collect() }
+    }
 }
 
 impl ApplyTarget for Target {

@@ -97,6 +97,14 @@ pub const COMMIT_BATCH_TRANSACTIONS_MAX: usize = 1_024;
 /// PostgreSQL's largest B-tree entry (a third of an 8 KiB page, after compression): the
 /// `limit` reported when PostgreSQL refuses a key.
 pub const PG_KEY_INDEX_BYTES_MAX: usize = 2_704;
+/// Bytes the postgres backend's read cache holds at most, its own overhead counted; when over,
+/// about half of its entries are evicted (ADR 0015).
+pub const PG_READ_CACHE_BYTES_MAX: usize = 128 << 20;
+/// A value larger than this is never held by the read cache.
+pub const PG_READ_CACHE_VALUE_BYTES_MAX: usize = 16 << 10;
+/// Commit batches that may wait in the read cache for an earlier one before it gives up on
+/// their order (and empties).
+pub const PG_READ_CACHE_WAITING_MAX: usize = 256;
 /// Most commit batches remembered for read versions (see `AckLog`).
 pub const ACK_LOG_BATCHES_MAX: usize = 4_096;
 /// Longest notification payload sent (PostgreSQL's limit is 8,000 bytes).

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
+use super::cache::Changed;
 use super::sql::fnv1a;
 use super::{Shared, classify, unavailable};
 use crate::kv::error::Result;
@@ -40,16 +41,16 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
-/// The notification of a batch committed at `version` with `changes`.
-pub(crate) fn payload(version: i64, changes: &[Change]) -> String {
-    let mut p = format!("v{version}");
+/// The notification of the batch `(base, version]` with `changes`.
+pub(crate) fn payload(base: i64, version: i64, changes: &[Change]) -> String {
+    let mut p = format!("v{version} b{base}");
     for c in changes {
         match c {
             Change::Key(k, _) => p.push_str(&format!(" k{:016x}", fnv1a(k))),
             Change::Range(b, e) => p.push_str(&format!(" r{}-{}", hex(b), hex(e))),
         }
         if p.len() > PAYLOAD_BYTES_MAX {
-            return format!("v{version} *");
+            return format!("v{version} b{base} *");
         }
     }
     p
@@ -74,14 +75,31 @@ impl Touched {
     }
 }
 
+/// A parsed notification: the batch `(base, version]` (no base from a node before ADR 0015)
+/// and what it may have changed.
+#[derive(Debug, PartialEq)]
+struct Notified {
+    version: u64,
+    base: Option<u64>,
+    touched: Touched,
+}
+
 /// Parses a notification; `None` if it is not one of ours (then everything is re-checked).
-fn parse(payload: &str) -> Option<(u64, Touched)> {
-    let mut parts = payload.split(' ');
+fn parse(payload: &str) -> Option<Notified> {
+    let mut parts = payload.split(' ').peekable();
     let version = parts.next()?.strip_prefix('v')?.parse().ok()?;
+    let base = match parts.peek().and_then(|p| p.strip_prefix('b')) {
+        Some(b) => {
+            let b = b.parse().ok()?;
+            parts.next();
+            Some(b)
+        }
+        None => None,
+    };
     let (mut keys, mut ranges) = (HashSet::new(), Vec::new());
     for part in parts {
         if part == "*" {
-            return Some((version, Touched::All));
+            return Some(Notified { version, base, touched: Touched::All });
         } else if let Some(h) = part.strip_prefix('k') {
             keys.insert(u64::from_str_radix(h, 16).ok()?);
         } else if let Some(r) = part.strip_prefix('r') {
@@ -91,14 +109,28 @@ fn parse(payload: &str) -> Option<(u64, Touched)> {
             return None;
         }
     }
-    Some((version, Touched::Some { keys, ranges }))
+    Some(Notified { version, base, touched: Touched::Some { keys, ranges } })
+}
+
+impl Notified {
+    /// What the read cache learns from it (`None`: anything may have changed).
+    fn changed(&self) -> Option<Changed> {
+        match &self.touched {
+            Touched::All => None,
+            Touched::Some { keys, ranges } => Some(Changed::Touched {
+                hashes: keys.iter().copied().collect(),
+                ranges: ranges.clone(),
+            }),
+        }
+    }
 }
 
 /// A listening connection: its client (kept alive) and the payloads it receives. The
 /// receiver ends when the connection does.
 struct Listening {
     _client: tokio_postgres::Client,
-    payloads: mpsc::UnboundedReceiver<String>,
+    /// (backend pid of the notifying connection, payload).
+    payloads: mpsc::UnboundedReceiver<(i32, String)>,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -116,7 +148,7 @@ async fn listen(db: &Shared) -> Result<Listening> {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                 Some(Ok(AsyncMessage::Notification(n))) => {
-                    if tx.send(n.payload().to_string()).is_err() {
+                    if tx.send((n.process_id(), n.payload().to_string())).is_err() {
                         return;
                     }
                 }
@@ -139,15 +171,22 @@ pub(crate) async fn start(db: Arc<Shared>) -> Result<tokio::task::JoinHandle<()>
 async fn run(db: Arc<Shared>, mut current: Listening) {
     loop {
         check(&db, &Touched::All).await;
-        while let Some(p) = current.payloads.recv().await {
+        while let Some((pid, p)) = current.payloads.recv().await {
+            let own = pid == db.committer_pid.load(Ordering::Acquire);
             match parse(&p) {
-                Some((version, touched)) => {
-                    db.learn(version);
-                    check(&db, &touched).await;
+                Some(n) => {
+                    db.learn(n.version);
+                    db.cache.notified(own, n.base, n.version, n.changed());
+                    check(&db, &n.touched).await;
                 }
-                None => check(&db, &Touched::All).await,
+                None => {
+                    db.cache.suspend();
+                    check(&db, &Touched::All).await;
+                }
             }
         }
+        // Notifications are lost until the next connection listens: the cache stops serving.
+        db.cache.suspend();
         let mut delay = Duration::from_millis(10);
         current = loop {
             if db.closed.load(Ordering::Acquire) {
@@ -220,15 +259,17 @@ mod tests {
             Change::Key(b"a".to_vec(), None),
             Change::Range(b"b\x00".to_vec(), b"c\xff".to_vec()),
         ];
-        let (v, t) = parse(&payload(42, &changes)).unwrap();
-        assert_eq!(v, 42);
+        let Notified { version: v, base, touched: t } = parse(&payload(40, 42, &changes)).unwrap();
+        assert_eq!((v, base), (42, Some(40)));
         assert!(t.covers(b"a") && t.covers(b"b\x00") && t.covers(b"c") && !t.covers(b"c\xff"));
         assert!(!t.covers(b"z"));
         let many: Vec<Change> =
             (0..1_000u32).map(|i| Change::Key(i.to_be_bytes().to_vec(), None)).collect();
-        let p = payload(7, &many);
+        let p = payload(6, 7, &many);
         assert!(p.len() <= PAYLOAD_BYTES_MAX);
-        assert_eq!(parse(&p), Some((7, Touched::All)));
+        assert_eq!(parse(&p), Some(Notified { version: 7, base: Some(6), touched: Touched::All }));
+        // A node before ADR 0015 sends no base.
+        assert_eq!(parse("v9 *"), Some(Notified { version: 9, base: None, touched: Touched::All }));
         assert_eq!(parse("not ours"), None);
     }
 }

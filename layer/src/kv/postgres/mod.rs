@@ -11,6 +11,10 @@
 //!   `kv` row if it is not newer than `rv`, else the `history` row that was current at `rv`.
 //!   So reads need no long-lived PostgreSQL transaction: each is one statement on any pooled
 //!   connection, and a transaction holds no connection while its closure runs.
+//! - **Read cache.** Point reads of keys whose value the process knows is current through
+//!   the read version are served without a statement (see `cache`, ADR 0015): every commit
+//!   batch is applied to the cache in commit order — the process's own by its committer, with
+//!   the values written; other processes' from their notifications, which evict what they name.
 //! - **Read version.** Requested at the first read (or at commit, or by `read_version`): the
 //!   database's latest version, but never a version this process acknowledged after the
 //!   transaction began (so commits that finished after `begin` are not seen, as on the local
@@ -46,6 +50,7 @@
 use super::limits::ACK_LOG_BATCHES_MAX;
 pub use super::limits::{COMMIT_BATCH_TRANSACTIONS_MAX, PG_KEY_INDEX_BYTES_MAX};
 
+mod cache;
 mod committer;
 mod listener;
 mod sql;
@@ -53,7 +58,7 @@ pub mod testing;
 mod transaction;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -261,6 +266,11 @@ struct Shared {
     /// Why the database could not be reached at the last try (`None`: it could), for
     /// [`KvDatabase::health`].
     unreachable: Mutex<Option<String>>,
+    /// Point reads served without a statement (see `cache`).
+    cache: cache::ReadCache,
+    /// The backend pid of the committer's connection (0: none yet): the listener leaves the
+    /// notifications of this process's own batches to the committer.
+    committer_pid: AtomicI32,
 }
 
 impl Shared {
@@ -366,6 +376,8 @@ impl PostgresDatabase {
             tasks: Mutex::new(Vec::new()),
             stats: Arc::new(PostgresStats::default()),
             unreachable: Mutex::new(None),
+            cache: cache::ReadCache::default(),
+            committer_pid: AtomicI32::new(0),
         });
         let committer = tokio::spawn(committer::run(shared.clone(), rx));
         let listener = listener::start(shared.clone()).await?;
@@ -387,6 +399,13 @@ impl PostgresDatabase {
     /// The committer's counters.
     pub fn stats(&self) -> Arc<PostgresStats> {
         self.shared.stats.clone()
+    }
+
+    /// The read cache's counters: (hits, misses, resets).
+    pub fn cache_stats(&self) -> (u64, u64, u64) {
+        let s = &self.shared.cache.stats;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (get(&s.hits), get(&s.misses), get(&s.resets))
     }
 }
 

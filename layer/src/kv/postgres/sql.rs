@@ -21,7 +21,8 @@ pub(crate) struct Sql {
     pub channel: String,
     /// `$1` → (version, gc_version).
     pub read_version: String,
-    /// `$1` key, `$2` read version → (gc_version, version, value).
+    /// `$1` key, `$2` read version → (gc_version, version, the key's row version (NULL: no
+    /// row), value as of the read version).
     pub get: String,
     /// `$1` begin, `$2` end, `$3` read version, `$4` limit (NULL: none) → rows (key, value,
     /// version, gc_version): one header row with a NULL key carrying the meta columns, then the
@@ -73,8 +74,8 @@ impl Sql {
             channel: format!("kairos_kv_{s}"),
             read_version: format!("SELECT version, gc_version FROM {s}.meta WHERE id = 1"),
             get: format!(
-                "SELECT m.gc_version, m.version, (SELECT {} FROM {s}.kv c WHERE c.key = $1) \
-                 FROM {s}.meta m WHERE m.id = 1",
+                "SELECT m.gc_version, m.version, c.version, {} FROM {s}.meta m \
+                 LEFT JOIN {s}.kv c ON c.key = $1 WHERE m.id = 1",
                 as_of("$2")
             ),
             range_asc: range("ASC"),

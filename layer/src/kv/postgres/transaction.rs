@@ -115,16 +115,30 @@ impl PgTransaction {
     /// The stored value of `key` as of the read version.
     async fn stored(&self, key: &[u8]) -> Result<Option<Bytes>> {
         let rv = self.rv().await?;
+        if let Some(value) = self.db.cache.get(key, rv) {
+            return Ok(value);
+        }
         let conn = self.db.conn().await?;
         let stmt = conn.prepare_cached(&self.db.sql.get).await.map_err(|e| classify(&e))?;
         let row = conn.query_one(&stmt, &[&key, &to_i64(rv)]).await.map_err(|e| classify(&e))?;
         let (gc, latest): (i64, i64) = (row.get(0), row.get(1));
-        self.db.learn(to_u64(latest));
-        if to_u64(gc) > rv {
+        let (gc, latest) = (to_u64(gc), to_u64(latest));
+        self.db.learn(latest);
+        if gc > rv {
             return Err(too_old());
         }
-        let value: Option<Vec<u8>> = row.get(2);
-        Ok(value.map(Bytes::from))
+        let value = row.get::<_, Option<Vec<u8>>>(3).map(Bytes::from);
+        // The key's latest version, if it is not newer than `rv`: its value since then. No row:
+        // absent since at least the collected versions.
+        let written = match row.get::<_, Option<i64>>(2).map(to_u64) {
+            Some(w) if w <= rv => Some(w),
+            Some(_) => None,
+            None => Some(gc),
+        };
+        if let Some(written) = written {
+            self.db.cache.fill(key, value.clone(), written, latest);
+        }
+        Ok(value)
     }
 
     /// Stored pairs of `[begin, end)` as of the read version, in scan order, at most `limit`.

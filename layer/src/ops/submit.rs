@@ -408,8 +408,8 @@ impl Scheduler {
         e.request_fingerprint = print.clone();
         e.traceparent = req.traceparent.as_deref().and_then(traceparent).unwrap_or_default();
         self.write_new(tx, &mut e, starts, now_ms, f.wm)?;
-        tx.set(&self.ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id), b"")?;
-        // (Its time index entry, holding its spec, is written by `save_execution`.)
+        // (Its time index entry, holding its spec, is written by `save_execution`; listing by
+        // definition filters that index by the specs its rows hold: no index of its own.)
         if let Some(key) = &req.idempotency_key {
             let rec = IdempotencyRecord { execution_id: id.clone(), fingerprint: print.clone() };
             tx.set(&self.ks.idempotency(ns, key), &encode(&rec))?;

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use kairos_proto::storage::v1::{
     ApiKey, Attempt, AuditRecord, ClusterConfig, CronJob, CronTimerEntry, Execution, ExecutionSpec,
     ExecutionStatus, IdempotencyRecord, JobDefinition, NodeRecord, PartitionExpiry, PartitionOwner,
-    QuarantineRecord, TimerEntry,
+    QuarantineRecord, TimerEntry, TimerKind,
 };
 use prost::Message;
 
@@ -379,7 +379,10 @@ fn check_reference(
         }
         Tag::Timer => {
             let Ok(t) = ks.parse_timer(key) else { return };
-            if let Some(entry) = decodes::<TimerEntry>(report, key, "timer", value) {
+            let entry = decodes::<TimerEntry>(report, key, "timer", value);
+            // A shared lease check names its group, not an execution; its members may have
+            // finished and been deleted since (each still running names it: `pickup_keys`).
+            if let Some(entry) = entry.filter(|_| t.kind != TimerKind::LeaseChecks as i32) {
                 r.refs.push((key.to_vec(), entry.namespace, t.execution_id, "execution"));
             }
         }

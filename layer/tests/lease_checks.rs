@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use kairos_layer::keys::Tag;
 use kairos_layer::kv::memory::FaultConfig;
+use kairos_layer::ops::claim::Claimed;
 use kairos_proto::storage::v1::{ExecutionStatus, TimerKind};
 
 /// The shared lease check timers in the store.
@@ -80,7 +81,12 @@ async fn a_shared_lease_check_passes_finished_members_follows_renewed_ones_and_t
         assert_ne!(e.timer.as_ref().map(|t| t.kind()), Some(TimerKind::LeaseChecks));
     }
 
-    // The lost ones start again: a new attempt, a new shared check, which alone applies.
+    restart_and_finish(&w, &ids, beating, lost).await;
+}
+
+/// The lost ones start again: a new attempt, a new shared check, which alone applies; then
+/// everything finishes.
+async fn restart_and_finish(w: &World, ids: &[String], beating: &[Claimed], lost: &[Claimed]) {
     w.fire_all().await;
     let again = w.sched.claim_for(NS, "report", "w2", 8, Some(5_000)).await.unwrap();
     assert_eq!(again.len(), 8);
@@ -99,7 +105,7 @@ async fn a_shared_lease_check_passes_finished_members_follows_renewed_ones_and_t
     w.fire_all().await;
     assert_eq!(shared_timers(&w).await, 0);
     w.check_invariants().await;
-    for id in &ids {
+    for id in ids {
         let e = w.sched.get(NS, id).await.unwrap();
         assert_eq!(e.status(), ExecutionStatus::Succeeded, "{id}");
     }

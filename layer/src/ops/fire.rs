@@ -377,10 +377,7 @@ impl Scheduler {
                 Err(Error::Kv(k)) => return Err(Error::Kv(k)),
                 Err(e) => return Ok(quarantine(e.to_string(), ns, id)),
             };
-            let current = e.timer.as_ref().is_some_and(|t| {
-                t.fire_at_ms == timer.fire_at_ms && t.kind == timer.kind && t.bucket == timer.bucket
-            });
-            if !current {
+            if !names(&e, &timer) {
                 return Ok(Step::Stale); // replaced or cleared: the key was stale
             }
             Ok(match TimerKind::try_from(timer.kind) {
@@ -704,6 +701,13 @@ pub(super) async fn replayed(
     let matched = load_receipt(tx, sched, receipt).await?;
     let matched = matched.into_iter().map(|(claim, slot)| Match { claim, slot }).collect();
     Ok(FireOutcome { matched, more, ..FireOutcome::default() })
+}
+
+/// Whether the execution's timer is `t` (else the key is stale).
+fn names(e: &Execution, t: &TimerKey) -> bool {
+    e.timer
+        .as_ref()
+        .is_some_and(|r| r.fire_at_ms == t.fire_at_ms && r.kind == t.kind && r.bucket == t.bucket)
 }
 
 /// The event a DUE or RETRY timer applies.

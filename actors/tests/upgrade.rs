@@ -3,6 +3,10 @@
 //! upgraded (`kairos migrate`), passes `kairos check`, keeps its records; a store of a newer
 //! format is refused by `kairos migrate` and by `kairos dev`, naming both formats.
 //!
+//! The format 3 store is a fixture written by main before issue 34 (`fixtures/format-3-store`,
+//! made by `fixtures/format-3-store.sh` with that build's `kairos` and `kairosctl`): twelve
+//! executions of two definitions, three SUCCEEDED, idempotency keys, its by-definition index.
+//!
 //! The format 2 store is this build's store with its cluster config lowered to format 2 and
 //! status index revision 1: the 2 → 3 step changes no record (format 2 records are read as they
 //! are, layer/tests/spec_apart.rs covers reading and splitting them), so the config is what
@@ -90,8 +94,9 @@ async fn a_format_2_store_is_planned_backed_up_and_upgraded_and_a_newer_one_is_r
     let dry = kairos(&["migrate", "--data-dir", data, "--dry-run"]);
     let said = text(&dry);
     assert!(dry.status.success(), "{said}");
-    assert!(said.contains("the store holds keyspace format 2; this binary's is 3"), "{said}");
+    assert!(said.contains("the store holds keyspace format 2; this binary's is 4"), "{said}");
     assert!(said.contains("would run: format 2 → 3"), "{said}");
+    assert!(said.contains("would run: format 3 → 4"), "{said}");
     assert!(said.contains("would run: status index revision 1 → 2"), "{said}");
     assert_eq!(config_of(&path).await.format_version, 2, "a dry run changes nothing");
     assert!(!dir.path().join("backups").exists(), "a dry run takes no backup");
@@ -99,7 +104,7 @@ async fn a_format_2_store_is_planned_backed_up_and_upgraded_and_a_newer_one_is_r
     let run = kairos(&["migrate", "--data-dir", data]);
     let said = text(&run);
     assert!(run.status.success(), "{said}");
-    assert!(said.contains("done: the store holds keyspace format 3"), "{said}");
+    assert!(said.contains("done: the store holds keyspace format 4"), "{said}");
     let upgraded = config_of(&path).await;
     assert_eq!((upgraded.format_version, upgraded.status_index), (FORMAT_VERSION, 2));
     // The copy taken first is the store as it was, and can be served by a binary of format 2.
@@ -107,7 +112,7 @@ async fn a_format_2_store_is_planned_backed_up_and_upgraded_and_a_newer_one_is_r
         std::fs::read_dir(dir.path().join("backups")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(backups.len(), 1, "{backups:?}");
     let name = backups[0].file_name().unwrap().to_string_lossy().to_string();
-    assert!(name.starts_with("before-format-3-from-2-"), "{name}");
+    assert!(name.starts_with("before-format-4-from-2-"), "{name}");
     assert_eq!(config_of(&backups[0].join("kv.redb")).await.format_version, 2);
 
     let check = kairos(&["check", "--data-dir", data]);
@@ -151,10 +156,10 @@ async fn assert_newer_refused(path: &Path, data: &str) {
         let refused = kairos(&args);
         let said = text(&refused);
         assert_eq!(refused.status.code(), Some(1), "{args:?}: {said}");
-        assert!(said.contains("format 4, newer than this binary's format 3"), "{args:?}: {said}");
+        assert!(said.contains("format 5, newer than this binary's format 4"), "{args:?}: {said}");
         assert!(said.contains("downgrade is refused"), "{args:?}: {said}");
     }
-    assert_eq!(config_of(path).await.format_version, 4, "a refused store is left as it is");
+    assert_eq!(config_of(path).await.format_version, 5, "a refused store is left as it is");
 }
 
 /// A node started on a format 2 store copies it aside, upgrades it at its open and serves.
@@ -188,4 +193,67 @@ async fn a_node_started_on_a_format_2_store_backs_it_up_then_upgrades_it() {
     assert_eq!(config_of(&backups[0]).await.format_version, 2, "the copy is the store as it was");
     assert_eq!(config_of(&path).await.format_version, FORMAT_VERSION, "upgraded at the open");
     assert_kept(&path, &key_id).await;
+}
+
+/// A store written by main before issue 34 (keyspace format 3, with its by-definition index):
+/// `kairos migrate` clears that index and raises the format, `kairos check` passes, and every
+/// execution is kept — got by id and by idempotency key, listed whole and by definition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_3_store_written_by_main_before_keeps_every_execution() {
+    use kairos_layer::ops::query::ListQuery;
+    use kairos_proto::storage::v1::ExecutionStatus;
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format-3-store");
+    for f in std::fs::read_dir(&fixture).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let data = dir.path().to_str().unwrap();
+    let path = dir.path().join("kv.redb");
+    assert_eq!(config_of(&path).await.format_version, 3);
+    let run = kairos(&["migrate", "--data-dir", data]);
+    let said = text(&run);
+    assert!(run.status.success(), "{said}");
+    assert!(said.contains("format 3 → 4"), "{said}");
+    assert_eq!(config_of(&path).await.format_version, FORMAT_VERSION);
+    let check = kairos(&["check", "--data-dir", data]);
+    assert!(check.status.success(), "{}", text(&check));
+
+    let db = open(&path);
+    let clock: SharedClock = Arc::new(SystemClock::default());
+    let params = ClusterParams::default();
+    let sched =
+        Scheduler::open(db.clone(), Keyspace::new("default"), clock, Rng::seeded(4), params)
+            .await
+            .unwrap();
+    let list = |definition: Option<&str>| {
+        let q = ListQuery {
+            namespace: "default".into(),
+            definition: definition.map(String::from),
+            limit: 100,
+            ..ListQuery::default()
+        };
+        let sched = &sched;
+        async move { sched.list(&q).await.unwrap() }
+    };
+    let all = list(None).await;
+    assert_eq!(all.executions.len(), 12, "{all:?}");
+    assert!(all.unreadable.is_empty(), "{all:?}");
+    let report = list(Some("report")).await;
+    assert_eq!(report.executions.len(), 5, "{report:?}");
+    assert!(report.executions.iter().all(|e| e.definition_name == "report"));
+    let echo = list(Some("registry://jobs/echo")).await;
+    assert_eq!(echo.executions.len(), 7, "{echo:?}");
+    let done = echo.executions.iter().filter(|e| e.status == ExecutionStatus::Succeeded as i32);
+    assert_eq!(done.count(), 3);
+    for e in &all.executions {
+        let got = sched.get("default", &e.id).await.unwrap();
+        assert_eq!((&got.definition_name, &got.input_json), (&e.definition_name, &e.input_json));
+    }
+    let later = sched.get_by_idempotency_key("default", "later-2").await.unwrap();
+    assert_eq!(later.input_json, br#"{"name":"later-2"}"#.to_vec());
+    let index = &Keyspace::new("default").subspace_range(kairos_layer::keys::Tag::ByDefinition);
+    let left = db.run(|tx| async move { tx.get_range(index, true).await }).await.unwrap();
+    assert!(left.is_empty(), "by-definition entries left: {}", left.len());
+    db.close().await;
 }

@@ -29,12 +29,16 @@ async fn a_submit_starts_due_now_executions_for_its_offered_slots() {
         assert_eq!(m.claim.execution.id, e.id, "in request order");
         assert_eq!(e.status(), ExecutionStatus::Running);
         assert_eq!((e.worker_id.as_str(), e.attempt_count, e.lease_ms), (worker, 1, 5_000));
-        assert_eq!(e.timer.map(|t| t.kind), Some(TimerKind::LeaseCheck as i32), "its only timer");
+        assert_eq!(
+            e.timer.as_ref().map(|t| t.kind),
+            Some(TimerKind::LeaseChecks as i32),
+            "its only timer"
+        );
         assert_eq!(m.claim.attempt.number, 1);
     }
     for e in [&got[1], &got[3]] {
         assert_eq!(e.status(), ExecutionStatus::Scheduled, "delayed, or no slot left");
-        assert_eq!(e.timer.map(|t| t.kind), Some(TimerKind::Due as i32));
+        assert_eq!(e.timer.as_ref().map(|t| t.kind), Some(TimerKind::Due as i32));
     }
     w.check_invariants().await;
     let token = matched[0].claim.attempt.fencing_token;

@@ -54,7 +54,7 @@ async fn started_as_its_fire_would_at_its_due_time_and_nothing_else_touched() {
             assert_eq!(e.attempt_count, 1);
             assert_eq!(e.started_at_ms, due, "started at its due time, not before");
             assert_eq!(e.lease_expires_at_ms, due + 30_000, "its lease counts from then");
-            assert_eq!(e.timer.as_ref().map(|t| t.kind), Some(TimerKind::LeaseCheck as i32));
+            assert_eq!(e.timer.as_ref().map(|t| t.kind), Some(TimerKind::LeaseChecks as i32));
         } else {
             assert_eq!(e.status(), ExecutionStatus::Scheduled, "no slot left: untouched");
             assert_eq!(e.timer.as_ref().map(|t| t.fire_at_ms), Some(due));

@@ -163,7 +163,11 @@ async fn a_format_2_store_is_read_as_it_is_and_split_at_each_record_s_next_write
     drop((db, sched));
 
     let (db, sched) = open_file(&path, &clock).await;
-    assert_eq!(sched.config().format_version, 3, "raised at open, so format 2 binaries refuse it");
+    assert_eq!(
+        sched.config().format_version,
+        kairos_layer::ops::FORMAT_VERSION,
+        "raised at open, so format 2 binaries refuse it"
+    );
     let whole = raw(&db, &ks).await;
     assert!(whole.values().all(|(e, spec)| !e.spec_apart && spec.is_empty()), "nothing rewritten");
     for (id, e) in &before {

@@ -73,7 +73,8 @@ pub enum Tag {
     Definition = 12,
     /// Executions by status.
     ByStatus = 13,
-    /// Executions by definition.
+    /// Executions by definition: written by keyspace formats 2 and 3 only; a store is raised
+    /// to format 4 by clearing it (listing by definition filters the time index).
     ByDefinition = 14,
     /// Executions by execute_at.
     ByTime = 15,
@@ -585,7 +586,7 @@ impl Keyspace {
         )
     }
 
-    /// Index entry: executions by definition.
+    /// Index entry: executions by definition (formats 2 and 3; cleared by the 3 → 4 upgrade).
     pub fn by_definition(&self, ns: &str, name: &str, execute_at_ms: i64, id: &str) -> Vec<u8> {
         self.key(Tag::ByDefinition, (ns, name, execute_at_ms, id))
     }

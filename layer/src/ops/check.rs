@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use kairos_proto::storage::v1::{
     ApiKey, Attempt, AuditRecord, ClusterConfig, CronJob, CronTimerEntry, Execution, ExecutionSpec,
     ExecutionStatus, IdempotencyRecord, JobDefinition, NodeRecord, PartitionExpiry, PartitionOwner,
-    QuarantineRecord, TimerEntry,
+    QuarantineRecord, TimerEntry, TimerKind,
 };
 use prost::Message;
 
@@ -84,9 +84,6 @@ impl CheckReport {
 struct Seen {
     status: i32,
     execute_at_ms: i64,
-    /// Empty for a record whose spec is kept apart (`spec_apart`): its definition is in its
-    /// time index entry's value.
-    definition: String,
     spec_apart: bool,
 }
 
@@ -344,7 +341,9 @@ fn check_value(
         }
         Tag::Audit => drop(decodes::<AuditRecord>(report, key, "audit", value)),
         // Indexes are checked against the executions afterwards; receipts are opaque and
-        // short-lived; watermarks and counters were checked for their size.
+        // short-lived; watermarks and counters were checked for their size. By-definition
+        // entries are what a format 3 store held: cleared by the upgrade to format 4, or left
+        // by a node of format 3 still writing them; nothing reads them — not damage.
         Tag::ByStatus
         | Tag::ByDefinition
         | Tag::ByTime
@@ -380,7 +379,10 @@ fn check_reference(
         }
         Tag::Timer => {
             let Ok(t) = ks.parse_timer(key) else { return };
-            if let Some(entry) = decodes::<TimerEntry>(report, key, "timer", value) {
+            let entry = decodes::<TimerEntry>(report, key, "timer", value);
+            // A shared lease check names its group, not an execution; its members may have
+            // finished and been deleted since (each still running names it: `pickup_keys`).
+            if let Some(entry) = entry.filter(|_| t.kind != TimerKind::LeaseChecks as i32) {
                 r.refs.push((key.to_vec(), entry.namespace, t.execution_id, "execution"));
             }
         }
@@ -421,12 +423,7 @@ fn check_execution(
     report.executions += 1;
     r.executions.insert(
         (ns, id),
-        Seen {
-            status: e.status,
-            execute_at_ms: e.execute_at_ms,
-            definition: e.definition_name,
-            spec_apart: e.spec_apart,
-        },
+        Seen { status: e.status, execute_at_ms: e.execute_at_ms, spec_apart: e.spec_apart },
     );
 }
 
@@ -484,10 +481,9 @@ async fn check_indexes(
     report: &mut CheckReport,
 ) -> Result<()> {
     let mut in_index: HashMap<Tag, HashSet<(String, String)>> = HashMap::new();
-    // The time index first: its entries hold the specs, whose definitions the definition
-    // index is checked against.
-    let mut specs: HashMap<(String, String), String> = HashMap::new();
-    for tag in [Tag::ByTime, Tag::ByStatus, Tag::ByDefinition] {
+    // The time index first: its entries hold the specs.
+    let mut specs: HashSet<(String, String)> = HashSet::new();
+    for tag in [Tag::ByTime, Tag::ByStatus] {
         let all = ks.subspace_range(tag);
         let mut begin = all.begin.clone();
         let found = in_index.entry(tag).or_default();
@@ -499,15 +495,12 @@ async fn check_indexes(
                 if tag == Tag::ByStatus && leftover_status_entry(ks, &kv.key) {
                     continue;
                 }
-                let Some((ns, id, agrees)) = index_entry(ks, tag, &kv.key, executions, &specs)
-                else {
+                let Some((ns, id, agrees)) = index_entry(ks, tag, &kv.key, executions) else {
                     continue; // its layout was reported by the scan
                 };
                 if tag == Tag::ByTime && !kv.value.is_empty() {
                     match ExecutionSpec::decode(&kv.value[..]) {
-                        Ok(spec) => {
-                            drop(specs.insert((ns.clone(), id.clone()), spec.definition_name))
-                        }
+                        Ok(_) => drop(specs.insert((ns.clone(), id.clone()))),
                         Err(e) => report.found(&kv.key, format!("the spec does not decode: {e}")),
                     }
                 }
@@ -539,20 +532,20 @@ fn missing_entries(
     ks: &Keyspace,
     executions: &HashMap<(String, String), Seen>,
     in_index: &HashMap<Tag, HashSet<(String, String)>>,
-    specs: &HashMap<(String, String), String>,
+    specs: &HashSet<(String, String)>,
     report: &mut CheckReport,
 ) {
     for ((ns, id), e) in executions {
-        if e.spec_apart && !specs.contains_key(&(ns.clone(), id.clone())) {
+        if e.spec_apart && !specs.contains(&(ns.clone(), id.clone())) {
             report.found(
                 &ks.execution(ns, id),
                 format!("execution {id:?} has no spec: its time index entry is missing or empty"),
             );
         }
         let needs: &[Tag] = if super::records::is_indexed(e.status) {
-            &[Tag::ByStatus, Tag::ByDefinition, Tag::ByTime]
+            &[Tag::ByStatus, Tag::ByTime]
         } else {
-            &[Tag::ByDefinition, Tag::ByTime]
+            &[Tag::ByTime]
         };
         for tag in needs {
             if !in_index[tag].contains(&(ns.clone(), id.clone())) {
@@ -576,7 +569,6 @@ fn leftover_status_entry(ks: &Keyspace, key: &[u8]) -> bool {
 /// What an index entry says of its execution beyond `execute_at`.
 enum IndexDetail {
     Status(i32),
-    Definition(String),
     Time,
 }
 
@@ -587,16 +579,11 @@ fn index_entry(
     tag: Tag,
     key: &[u8],
     executions: &HashMap<(String, String), Seen>,
-    specs: &HashMap<(String, String), String>,
 ) -> Option<(String, String, Option<bool>)> {
     let (ns, id, at, detail) = match tag {
         Tag::ByStatus => {
             let (ns, status, at, id) = ks.parse_by_status(key).ok()?;
             (ns, id, at, IndexDetail::Status(status))
-        }
-        Tag::ByDefinition => {
-            let (ns, name, at, id) = ks.parse_by_definition(key).ok()?;
-            (ns, id, at, IndexDetail::Definition(name))
         }
         _ => {
             let (ns, at, id) = ks.parse_by_time(key).ok()?;
@@ -607,10 +594,6 @@ fn index_entry(
         e.execute_at_ms == at
             && match &detail {
                 IndexDetail::Status(s) => e.status == *s,
-                IndexDetail::Definition(d) if e.spec_apart => {
-                    specs.get(&(ns.clone(), id.clone())).is_some_and(|s| s == d)
-                }
-                IndexDetail::Definition(d) => &e.definition == d,
                 IndexDetail::Time => true,
             }
     });

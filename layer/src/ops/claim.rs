@@ -15,6 +15,7 @@ use kairos_proto::storage::v1::{Attempt, Execution, ExecutionStatus};
 use super::Scheduler;
 use super::budget;
 use super::error::{Error, Result, invalid};
+use super::lease_checks::LeaseChecks;
 use super::records::{load_execution, running_attempt};
 use super::validate::{check_lease_ms, check_name};
 use crate::kv::Watch;
@@ -235,6 +236,7 @@ impl Scheduler {
         let wms = self.watermarks(tx, shards).await?;
         let mut filler = SlotFiller::new(slots);
         let mut taken = Receipt::new();
+        let mut checks = LeaseChecks::default();
         for (kv, e) in picked {
             let Some(mut e) = e.filter(is_ready) else {
                 tx.add_read_conflict_key(&kv.key)?;
@@ -249,10 +251,11 @@ impl Scheduler {
             tx.add_read_conflict_key(&kv.key)?;
             tx.clear(&kv.key)?;
             let (stored, wm) = (e.status, wms[&e.shard]);
-            self.start_attempt(tx, &mut e, Some(stored), slot, now_ms, wm)?;
+            self.start_attempt(tx, &mut e, Some(stored), (slot, &mut checks), now_ms, wm)?;
             taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
             out.per_slot[i].push(Claimed::of(e));
         }
+        self.write_lease_checks(tx, checks)?;
         Ok(taken)
     }
 

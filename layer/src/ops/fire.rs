@@ -19,6 +19,7 @@ use super::budget;
 use super::claim::{ClaimSlot, Claimed, RECEIPT_KEEP_MS, Receipt, SlotFiller, load_receipt};
 use super::error::{Error, Result};
 use super::hold::{Hold, HoldRoom};
+use super::lease_checks::LeaseChecks;
 use super::leases::check_epoch;
 use super::records::{decode, encode, load_execution, load_state, watermark};
 use super::worker::{attempt_deadline_ms, attempt_timeout_at_ms};
@@ -96,6 +97,8 @@ pub(super) enum Step {
     Ready(Execution, TimerKey),
     /// A lease check, processed in place.
     LeaseCheck(Execution, TimerKey),
+    /// A shared lease check: its members still to check, each as a lease check.
+    LeaseChecks(Vec<(Execution, TimerKey)>),
     /// Unprocessable: put aside.
     Quarantine(Unprocessable),
 }
@@ -164,10 +167,13 @@ impl Scheduler {
                 let steps = within_budget(&tx, &keys, steps, &mut out)?;
                 let ready = self.fire_steps(&tx, shard, steps, now_ms, wm, &mut out)?;
                 let mut taken = Receipt::new();
+                let mut checks = LeaseChecks::default();
                 for ((ns, queue), items) in ready {
                     let slots = offer.get(&(ns, queue)).map_or(&[][..], Vec::as_slice);
-                    self.fire_ready(&tx, items, slots, now_ms, wm, &mut out, &mut taken)?;
+                    let started = (&mut taken, &mut checks);
+                    self.fire_ready(&tx, items, slots, now_ms, wm, &mut out, started)?;
                 }
+                self.write_lease_checks(&tx, checks)?;
                 if !taken.is_empty() {
                     tx.set(receipt, &crate::tuple::pack(&taken))?;
                     // A fire that leaves a receipt clears the expired ones, as a claim does: a
@@ -202,12 +208,11 @@ impl Scheduler {
                 Step::Ready(e, t) => {
                     ready.entry((e.namespace.clone(), e.queue.clone())).or_default().push((e, t))
                 }
-                Step::LeaseCheck(mut e, t) => {
-                    let before = e.status;
-                    let timed_out = self.on_lease_check(tx, &mut e, now_ms, wm)?;
-                    e.updated_at_ms = now_ms;
-                    self.save_execution(tx, Some(before), &e)?;
-                    out.fired.push(fired(&e, &t, timed_out));
+                Step::LeaseCheck(e, t) => out.fired.push(self.lease_check(tx, e, &t, now_ms, wm)?),
+                Step::LeaseChecks(members) => {
+                    for (e, t) in members {
+                        out.fired.push(self.lease_check(tx, e, &t, now_ms, wm)?);
+                    }
                 }
                 Step::Quarantine(q) => {
                     self.quarantine(tx, shard, now_ms, q)?;
@@ -228,7 +233,7 @@ impl Scheduler {
         now_ms: i64,
         wm: i64,
         out: &mut FireOutcome,
-        taken: &mut Receipt,
+        (taken, checks): (&mut Receipt, &mut LeaseChecks),
     ) -> Result<()> {
         let mut filler = SlotFiller::new(slots);
         for (mut e, t) in items {
@@ -239,7 +244,7 @@ impl Scheduler {
                 Some((i, slot)) => {
                     // Straight to RUNNING: the status index moves from the stored state, and
                     // no ready entry is written.
-                    self.start_attempt(tx, &mut e, Some(before), slot, now_ms, wm)?;
+                    self.start_attempt(tx, &mut e, Some(before), (slot, checks), now_ms, wm)?;
                     taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
                     out.fired.push(fired(&e, &t, false));
                     out.matched.push(Match { claim: Claimed::of(e), slot: i });
@@ -355,6 +360,9 @@ impl Scheduler {
                 Ok(e) => e,
                 Err(e) => return Ok(quarantine(e.to_string(), String::new(), timer.execution_id)),
             };
+            if timer.kind == TimerKind::LeaseChecks as i32 {
+                return Ok(Step::LeaseChecks(self.lease_check_members(tx, &timer, entry).await?));
+            }
             let (ns, id) = (entry.namespace.clone(), timer.execution_id.clone());
             // A lease check needs the state only; a due execution may start, and its task
             // carries its spec (input, definition).
@@ -369,10 +377,7 @@ impl Scheduler {
                 Err(Error::Kv(k)) => return Err(Error::Kv(k)),
                 Err(e) => return Ok(quarantine(e.to_string(), ns, id)),
             };
-            let current = e.timer.as_ref().is_some_and(|t| {
-                t.fire_at_ms == timer.fire_at_ms && t.kind == timer.kind && t.bucket == timer.bucket
-            });
-            if !current {
+            if !names(&e, &timer) {
                 return Ok(Step::Stale); // replaced or cleared: the key was stale
             }
             Ok(match TimerKind::try_from(timer.kind) {
@@ -425,6 +430,22 @@ impl Scheduler {
         };
         tx.set(&qkey, &encode(&rec))?;
         Ok(())
+    }
+
+    /// Processes one lease check and writes its execution; what it did.
+    fn lease_check(
+        &self,
+        tx: &Transaction,
+        mut e: Execution,
+        t: &TimerKey,
+        now_ms: i64,
+        wm: i64,
+    ) -> Result<Fired> {
+        let before = e.status;
+        let timed_out = self.on_lease_check(tx, &mut e, now_ms, wm)?;
+        e.updated_at_ms = now_ms;
+        self.save_execution(tx, Some(before), &e)?;
+        Ok(fired(&e, t, timed_out))
     }
 
     /// The lease check of a RUNNING execution: past its deadline the attempt TIMED_OUT (then
@@ -509,12 +530,16 @@ impl Scheduler {
                         self.save_execution(&tx, Some(before), &e)?;
                         Ok(Some(fired(&e, &t, false)))
                     }
-                    Step::LeaseCheck(mut e, t) => {
-                        let before = e.status;
-                        let timed_out = self.on_lease_check(&tx, &mut e, now_ms, wm)?;
-                        e.updated_at_ms = now_ms;
-                        self.save_execution(&tx, Some(before), &e)?;
-                        Ok(Some(fired(&e, &t, timed_out)))
+                    Step::LeaseCheck(e, t) => Ok(Some(self.lease_check(&tx, e, &t, now_ms, wm)?)),
+                    Step::LeaseChecks(members) => {
+                        // (Execution timers follow lease checks of their own only; a shared one
+                        // is fired by its shard's scan. Processed here all the same.)
+                        let mut first = None;
+                        for (e, t) in members {
+                            let f = self.lease_check(&tx, e, &t, now_ms, wm)?;
+                            first = first.or(Some(f));
+                        }
+                        Ok(first)
                     }
                     Step::Quarantine(u) => {
                         self.quarantine(&tx, shard, now_ms, u)?;
@@ -629,6 +654,9 @@ impl Step {
         match self {
             Step::Stale => 0,
             Step::Ready(e, _) | Step::LeaseCheck(e, _) => budget::execution_bytes(e),
+            Step::LeaseChecks(members) => {
+                members.iter().map(|(e, _)| budget::execution_bytes(e)).sum()
+            }
             Step::Quarantine(u) => {
                 u.key.len() + u.value.len() + u.reason.len() + crate::limits::ITEM_OVERHEAD_BYTES
             }
@@ -673,6 +701,13 @@ pub(super) async fn replayed(
     let matched = load_receipt(tx, sched, receipt).await?;
     let matched = matched.into_iter().map(|(claim, slot)| Match { claim, slot }).collect();
     Ok(FireOutcome { matched, more, ..FireOutcome::default() })
+}
+
+/// Whether the execution's timer is `t` (else the key is stale).
+fn names(e: &Execution, t: &TimerKey) -> bool {
+    e.timer
+        .as_ref()
+        .is_some_and(|r| r.fire_at_ms == t.fire_at_ms && r.kind == t.kind && r.bucket == t.bucket)
 }
 
 /// The event a DUE or RETRY timer applies.

@@ -143,8 +143,12 @@ mod tests {
     use crate::ops::records::encode;
 
     fn row(i: u8, kind: TimerKind, queue: &str) -> KeyValue {
-        let entry =
-            TimerEntry { kind: kind as i32, namespace: "ns".into(), queue: queue.to_string() };
+        let entry = TimerEntry {
+            kind: kind as i32,
+            namespace: "ns".into(),
+            queue: queue.to_string(),
+            members: vec![],
+        };
         KeyValue { key: vec![i].into(), value: encode(&entry).into() }
     }
 

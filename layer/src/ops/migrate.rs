@@ -13,6 +13,12 @@
 //! Nothing is rewritten at open: a record of format 2 is read as it is and split at its next
 //! write; only the config's format is raised ([`format`]).
 //!
+//! Format 3 → 4 (issue 34, the write-lean lifecycle): no index by definition. A submit no longer
+//! writes a by-definition entry (tag 14) nor retention clears one; listing by definition filters
+//! the time index by the specs its rows hold. The step clears tag 14 in transactions of at most
+//! [`MIGRATION_CHUNK_ROWS`] entries, then raises the format, so a format 3 binary — which would
+//! list by definition from an index no longer kept — refuses the store from then on.
+//!
 //! Status index 0 → 1 (issue 21): SCHEDULED and RETRY_WAIT executions no longer have status
 //! index entries (see [`super::records::is_indexed`]); the entries an earlier build wrote for
 //! them are cleared, per namespace and status, in transactions of at most
@@ -36,8 +42,9 @@ use crate::kv::{Database, RangeOption};
 /// counts; attempts stored when they end) cannot read format 1. Format 3 keeps an execution's
 /// spec apart from its state (`ExecutionSpec`, issue 21): it reads format 2 and a store of
 /// format 2 becomes format 3 at its first open ([`STEPS`]), so that a binary of format 2,
-/// which cannot read the split records, refuses it from then on.
-pub const FORMAT_VERSION: u32 = 3;
+/// which cannot read the split records, refuses it from then on. Format 4 keeps no index by
+/// definition (issue 34).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// One upgrade of the keyspace format, from `from` to `from + 1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +59,22 @@ pub struct Step {
 
 /// Every format upgrade this binary knows, in order: a store of format `STEPS[0].from` or later
 /// can be brought to [`FORMAT_VERSION`]. Each step's code is in [`run_step`].
-pub const STEPS: &[Step] = &[Step {
-    from: 2,
-    to: 3,
-    what: "execution specs kept apart from their state (issue 21): no record is rewritten at \
-           once, each is split at its next write; the format is raised so format 2 binaries \
-           refuse the store",
-}];
+pub const STEPS: &[Step] = &[
+    Step {
+        from: 2,
+        to: 3,
+        what: "execution specs kept apart from their state (issue 21): no record is rewritten \
+               at once, each is split at its next write; the format is raised so format 2 \
+               binaries refuse the store",
+    },
+    Step {
+        from: 3,
+        to: 4,
+        what: "no index by definition (issue 34): its entries are cleared, 10,000 per \
+               transaction (listing by definition filters the time index); the format is raised \
+               so format 3 binaries refuse the store",
+    },
+];
 
 /// What a store needs before this binary can serve it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +162,15 @@ async fn run_step(
 ) -> Result<ClusterConfig> {
     match (step.from, step.to) {
         (2, 3) => format(db, ks, config, 2, 3).await,
+        (3, 4) => {
+            if config.format_version == 3 {
+                let n =
+                    clear_in_chunks(db, ks.subspace_range(Tag::ByDefinition), MIGRATION_CHUNK_ROWS)
+                        .await?;
+                tracing::info!(entries = n, "by-definition index cleared");
+            }
+            format(db, ks, config, 3, 4).await
+        }
         (from, to) => Err(Error::Corrupt(format!("no code for the format step {from} → {to}"))),
     }
 }
@@ -197,9 +222,9 @@ pub(crate) async fn status_index(
     .await
 }
 
-/// Brings a store of keyspace format `from` to `to` (a store of any other format is left as
-/// it is). Format 2 → 3 changes no stored record: records of format
-/// 2 carry their spec and are read as they are, and split at their next write
+/// Raises a store of keyspace format `from` to `to` (a store of any other format is left as it
+/// is), once the step's changes are made. Format 2 → 3 changes no stored record: records of
+/// format 2 carry their spec and are read as they are, and split at their next write
 /// ([`super::records`]); the version is raised so binaries of format 2 refuse the store.
 async fn format(
     db: &Database,
@@ -331,13 +356,13 @@ mod tests {
         let current = plan(&at(FORMAT_VERSION, STATUS_INDEX)).unwrap();
         assert!(current.is_empty(), "{current:?}");
         let old = plan(&at(2, 1)).unwrap();
-        assert_eq!(old.steps.iter().map(|s| (s.from, s.to)).collect::<Vec<_>>(), [(2, 3)]);
+        assert_eq!(old.steps.iter().map(|s| (s.from, s.to)).collect::<Vec<_>>(), [(2, 3), (3, 4)]);
         assert_eq!(old.status_index_from, Some(1));
         let newer = plan(&at(FORMAT_VERSION + 1, STATUS_INDEX)).unwrap_err().to_string();
-        assert!(newer.contains("format 4, newer than this binary's format 3"), "{newer}");
+        assert!(newer.contains("format 5, newer than this binary's format 4"), "{newer}");
         assert!(newer.contains("downgrade is refused"), "{newer}");
         let ancient = plan(&at(1, 0)).unwrap_err().to_string();
-        assert!(ancient.contains("format 1 and this binary reads format 3"), "{ancient}");
+        assert!(ancient.contains("format 1 and this binary reads format 4"), "{ancient}");
         assert!(ancient.contains("format 2 or later only"), "{ancient}");
     }
 
@@ -348,5 +373,46 @@ mod tests {
         assert_eq!(left, in_each(&[2, 3, 6, 7]), "READY/RUNNING entries are not its to clear");
         // From 1 (migrated by the step before): only SUCCEEDED is read and cleared.
         assert_eq!(migrate_from(1).await, in_each(&[1, 2, 3, 4, 6, 7]));
+    }
+
+    /// Format 3 → 4: every by-definition entry goes (more than one transaction's worth), the
+    /// time index stays, the format is raised; run again, it changes nothing.
+    #[tokio::test]
+    async fn the_by_definition_index_is_cleared_and_the_format_raised() {
+        let clock: SharedClock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000)));
+        let db = MemoryDatabase::open(clock, Rng::seeded(5), Default::default());
+        let ks = Keyspace::new("t");
+        let (ks, db) = (&ks, &db);
+        let old = at(3, STATUS_INDEX);
+        let n = MIGRATION_CHUNK_ROWS + 7;
+        for part in 0..2 {
+            let stored = old.clone();
+            db.run(|tx| {
+                let stored = stored.clone();
+                async move {
+                    tx.set(&ks.cluster(), &encode(&stored))?;
+                    for i in (part * n / 2)..[n / 2, n][part] {
+                        let (ns, id) = (["a", "b"][i % 2], format!("E{i:06}"));
+                        tx.set(&ks.by_definition(ns, "d", i as i64, &id), b"")?;
+                        tx.set(&ks.by_time(ns, i as i64, &id), b"spec")?;
+                    }
+                    Ok::<_, Error>(())
+                }
+            })
+            .await
+            .unwrap();
+        }
+        let count = |tag: Tag| async move {
+            let all = &ks.subspace_range(tag);
+            db.run(|tx| async move { tx.get_range(all, true).await }).await.unwrap().len()
+        };
+        assert_eq!(count(Tag::ByDefinition).await, n);
+        let config = upgrade(db, ks, old).await.unwrap();
+        assert_eq!(config.format_version, 4);
+        assert_eq!(stored_config(db, ks).await.unwrap().unwrap().format_version, 4);
+        assert_eq!(count(Tag::ByDefinition).await, 0);
+        assert_eq!(count(Tag::ByTime).await, n, "the time index is kept whole");
+        assert!(plan(&config).unwrap().is_empty());
+        assert_eq!(upgrade(db, ks, config.clone()).await.unwrap(), config);
     }
 }

@@ -32,6 +32,7 @@ pub mod error;
 pub mod fire;
 pub mod hold;
 pub(crate) mod join;
+pub(crate) mod lease_checks;
 pub mod leases;
 pub mod migrate;
 pub mod orphans;

@@ -21,6 +21,7 @@ use super::budget;
 use super::claim::{Claimed, Receipt, SlotFiller};
 use super::error::Result;
 use super::fire::{FireOutcome, Match, Offer, Step, fire_event, fired, replayed};
+use super::lease_checks::LeaseChecks;
 use super::leases::check_epoch;
 use super::records::watermark;
 use crate::ids::bucket_of;
@@ -70,6 +71,7 @@ impl Scheduler {
                     self.prefire_candidates(&tx, shard, (now_ms, until_ms), room).await?;
                 let mut out = FireOutcome { watermark: wm, ..FireOutcome::default() };
                 let mut taken = Receipt::new();
+                let mut checks = LeaseChecks::default();
                 for ((ns, queue), items) in by_queue {
                     let Some(slots) = offer.get(&(ns, queue)) else { continue };
                     let mut filler = SlotFiller::new(slots);
@@ -81,12 +83,14 @@ impl Scheduler {
                         tx.clear(&self.ks.timer(&t))?;
                         let (before, at) = (e.status, t.fire_at_ms.max(e.execute_at_ms));
                         e.status = execution_transition(e.status(), fire_event(&t))? as i32;
-                        self.start_attempt(&tx, &mut e, Some(before), slot, at, wm)?;
+                        let started = (slot, &mut checks);
+                        self.start_attempt(&tx, &mut e, Some(before), started, at, wm)?;
                         taken.push((e.namespace.clone(), e.id.clone(), e.fencing_token, i as u32));
                         out.fired.push(fired(&e, &t, false));
                         out.matched.push(Match { claim: Claimed::of(e), slot: i });
                     }
                 }
+                self.write_lease_checks(&tx, checks)?;
                 if !taken.is_empty() {
                     tx.set(receipt, &crate::tuple::pack(&taken))?;
                 }

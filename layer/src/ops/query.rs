@@ -1,9 +1,10 @@
-//! Reads: `get`, `attempts`, `list` (by status, definition or time range, paginated).
+//! Reads: `get`, `attempts`, `list` (by status, definition or time range, paginated: the
+//! status index for FAILED and CANCELLED, the time index for everything else).
 
 use std::collections::BTreeMap;
 
 use kairos_proto::storage::v1::{
-    Attempt, Execution, ExecutionStatus, IdempotencyRecord, QuarantineRecord,
+    Attempt, Execution, ExecutionSpecName, ExecutionStatus, IdempotencyRecord, QuarantineRecord,
 };
 
 use super::Scheduler;
@@ -247,21 +248,16 @@ impl Scheduler {
         }
         let ns = q.namespace.as_str();
         // Only FAILED and CANCELLED are in the status index (`is_indexed`): filter the time
-        // (or definition) index for SCHEDULED, READY, RUNNING, RETRY_WAIT and SUCCEEDED.
-        let indexed_status = q.status.filter(|s| is_indexed(*s as i32));
-        Ok(match (&indexed_status, &q.definition) {
-            (Some(s), _) => {
-                (Tag::ByStatus, self.ks.by_status_range(ns, *s as i32, from, to), limit)
-            }
-            (None, Some(d)) => {
-                (Tag::ByDefinition, self.ks.by_definition_range(ns, d, from, to), limit)
-            }
-            (None, None) => (Tag::ByTime, self.ks.by_time_range(ns, from, to), limit),
+        // index for SCHEDULED, READY, RUNNING, RETRY_WAIT and SUCCEEDED, and for a definition
+        // (its rows hold the specs, which name it: format 4 keeps no index by definition).
+        Ok(match q.status.filter(|s| is_indexed(*s as i32)) {
+            Some(s) => (Tag::ByStatus, self.ks.by_status_range(ns, s as i32, from, to), limit),
+            None => (Tag::ByTime, self.ks.by_time_range(ns, from, to), limit),
         })
     }
 
-    /// One page: filtering by definition on the status index may skip rows, so the index is
-    /// scanned in chunks until the page is full, the range ends, or the scan bound is reached.
+    /// One page: filters may skip rows, so the index is scanned in chunks until the page is
+    /// full, the range ends, or the scan bound is reached.
     async fn list_page(
         &self,
         tx: &Transaction,
@@ -279,7 +275,7 @@ impl Scheduler {
             let rows = tx.get_range(&chunk, true).await?;
             let n = rows.len();
             scanned += n;
-            let found = self.list_chunk(tx, tag, &q.namespace, &rows).await?;
+            let found = self.list_chunk(tx, tag, q, &rows).await?;
             for (kv, (id, e)) in rows.iter().zip(found) {
                 if page.executions.len() == limit {
                     page.next_cursor = Some(kv.key.to_vec());
@@ -287,8 +283,9 @@ impl Scheduler {
                 }
                 begin = key_after(&kv.key);
                 let (id, e) = match (id, e) {
-                    (Some(id), Some(e)) => (id, e),
-                    (Some(id), None) => {
+                    (Some(id), Row::Found(e)) => (id, e),
+                    (Some(_), Row::Passed) => continue,
+                    (Some(id), Row::Gone) => {
                         page.unreadable.push(id); // indexed, but its record is gone
                         continue;
                     }
@@ -319,22 +316,27 @@ impl Scheduler {
 
     /// The executions a chunk of index rows names, read concurrently (snapshot reads); a
     /// record that does not decode, or lacks its spec, is an `Err` of its own. The time index's
-    /// rows carry the specs themselves. An index key that does not parse names no execution:
-    /// reported in the page's `unreadable` (and by `kairos check`), not a failure of every page
-    /// over it.
+    /// rows carry the specs themselves: a row whose spec names another definition than the
+    /// query's is passed without reading its record. An index key that does not parse names no
+    /// execution: reported in the page's `unreadable` (and by `kairos check`), not a failure of
+    /// every page over it.
     async fn list_chunk(
         &self,
         tx: &Transaction,
         tag: Tag,
-        ns: &str,
+        q: &ListQuery,
         rows: &[KeyValue],
-    ) -> Result<Vec<(Option<String>, Option<Result<Execution>>)>> {
+    ) -> Result<Vec<(Option<String>, Row)>> {
+        let ns = q.namespace.as_str();
         let ids: Vec<Option<String>> =
             rows.iter().map(|kv| self.ks.index_execution_id(tag, &kv.key).ok()).collect();
         let loads = ids.iter().zip(rows).map(|(id, kv)| async move {
-            let Some(id) = id else { return Ok(None) };
+            let Some(id) = id else { return Ok(Row::Gone) };
+            if tag == Tag::ByTime && other_definition(q, &kv.value) {
+                return Ok(Row::Passed);
+            }
             let Some(v) = tx.snapshot_get_owned(self.ks.execution(ns, id)).await? else {
-                return Ok(None);
+                return Ok(Row::Gone);
             };
             let e = match decode::<Execution>("execution", &v) {
                 Ok(e) if e.spec_apart && tag == Tag::ByTime => {
@@ -347,11 +349,33 @@ impl Scheduler {
                 },
                 Err(e) => Err(e),
             };
-            Ok::<_, Error>(Some(e))
+            Ok::<_, Error>(Row::Found(e))
         });
         let found = crate::ops::join::join_in_order(loads).await?;
         Ok(ids.into_iter().zip(found).collect())
     }
+}
+
+/// What one index row of a page came to.
+enum Row {
+    /// Its execution, or why it could not be read.
+    Found(Result<Execution>),
+    /// Its spec names another definition than the query's: not read.
+    Passed,
+    /// Its execution is gone (or the key names none).
+    Gone,
+}
+
+/// Whether a time index row's spec names another definition than the query's. Only the spec's
+/// first field is decoded; a row without a spec (an execution of format 2 not written since) or
+/// one that does not decode is read whole, and filtered (or reported) from its record.
+fn other_definition(q: &ListQuery, spec: &[u8]) -> bool {
+    let Some(d) = q.definition.as_deref() else { return false };
+    if spec.is_empty() {
+        return false;
+    }
+    use prost::Message;
+    ExecutionSpecName::decode(spec).is_ok_and(|s| s.definition_name != d)
 }
 
 /// How a page names an index entry whose key names no execution (a damaged store).

@@ -202,7 +202,7 @@ pub(crate) fn state_of(e: &Execution) -> Execution {
         ready_at_ms: *ready_at_ms,
         started_at_ms: *started_at_ms,
         finished_at_ms: *finished_at_ms,
-        timer: *timer,
+        timer: timer.clone(),
         lease_expires_at_ms: *lease_expires_at_ms,
         cancel_requested: *cancel_requested,
         attempt_timeout_ms: *attempt_timeout_ms,
@@ -244,11 +244,13 @@ pub(crate) async fn watermark(tx: &Transaction, ks: &Keyspace, shard: u32) -> Re
 }
 
 pub(crate) fn timer_key(e: &Execution, t: &TimerRef) -> TimerKey {
+    // A shared lease check's key names its group, not one execution (`ops::lease_checks`).
+    let shared = t.kind == TimerKind::LeaseChecks as i32;
     TimerKey {
         bucket: t.bucket,
         shard: e.shard,
         fire_at_ms: t.fire_at_ms,
-        execution_id: e.id.clone(),
+        execution_id: if shared { t.group.clone() } else { e.id.clone() },
         kind: t.kind,
     }
 }
@@ -358,20 +360,28 @@ impl Scheduler {
         self.clear_timer(tx, e)?;
         let bucket = bucket_of(fire_at_ms, self.config.bucket_width_ms).max(wm);
         assert!(bucket >= wm, "a timer below its shard's watermark would never fire");
-        let t = TimerRef { fire_at_ms, bucket, kind: kind as i32 };
+        let t = TimerRef { fire_at_ms, bucket, kind: kind as i32, group: String::new() };
         // The queue lets a fire hold back a due execution without reading it (`ops::hold`);
         // a lease check is never held.
         let startable = matches!(kind, TimerKind::Due | TimerKind::Retry);
         let queue = if startable { e.queue.clone() } else { String::new() };
-        let entry = TimerEntry { kind: kind as i32, namespace: e.namespace.clone(), queue };
+        let entry = TimerEntry {
+            kind: kind as i32,
+            namespace: e.namespace.clone(),
+            queue,
+            members: vec![],
+        };
         tx.set(&self.ks.timer(&timer_key(e, &t)), &encode(&entry))?;
         e.timer = Some(t);
         Ok(())
     }
 
-    /// Removes the execution's timer, if any.
+    /// Removes the execution's timer, if any. A shared lease check (`ops::lease_checks`) is
+    /// only forgotten: its key is its group's, cleared when it fires.
     pub(crate) fn clear_timer(&self, tx: &Transaction, e: &mut Execution) -> Result<()> {
-        if let Some(t) = e.timer.take() {
+        if let Some(t) = e.timer.take()
+            && t.kind != TimerKind::LeaseChecks as i32
+        {
             tx.clear(&self.ks.timer(&timer_key(e, &t)))?;
         }
         Ok(())
@@ -426,8 +436,13 @@ fn check_shape(e: &Execution) {
         ExecutionStatus::Running => Some(TimerKind::LeaseCheck),
         _ => None,
     };
+    // A RUNNING execution's first lease check may be shared (`ops::lease_checks`).
+    let kind = e.timer.as_ref().map(|t| match t.kind() {
+        TimerKind::LeaseChecks => TimerKind::LeaseCheck,
+        k => k,
+    });
     debug_assert_eq!(
-        e.timer.as_ref().map(|t| t.kind()),
+        kind,
         want,
         "execution {} in {} has the wrong timer",
         e.id,

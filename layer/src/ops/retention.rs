@@ -264,7 +264,6 @@ impl Scheduler {
         if is_indexed(e.status) {
             tx.clear(&ks.by_status(ns, e.status, e.execute_at_ms, id))?;
         }
-        tx.clear(&ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id))?;
         tx.clear(&ks.by_time(ns, e.execute_at_ms, id))?;
         let part = self.partition_of(e);
         tx.add_i64(&ks.status_count(ns, e.status, part), -1)?;

@@ -5,6 +5,7 @@ use kairos_proto::storage::v1::{
 };
 
 use super::error::{Error, Result, invalid};
+use super::lease_checks::LeaseChecks;
 use crate::limits::{EXECUTE_AT_FUTURE_MAX_MS, EXECUTE_AT_PAST_MAX_MS, INPUT_BYTES_MAX};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -229,6 +230,7 @@ impl Scheduler {
                             )
                             .await?;
                         starts.write_receipt(&tx, receipt)?;
+                        self.write_lease_checks(&tx, std::mem::take(&mut starts.checks))?;
                         Ok::<_, Error>((part, starts))
                     }
                 })
@@ -408,8 +410,8 @@ impl Scheduler {
         e.request_fingerprint = print.clone();
         e.traceparent = req.traceparent.as_deref().and_then(traceparent).unwrap_or_default();
         self.write_new(tx, &mut e, starts, now_ms, f.wm)?;
-        tx.set(&self.ks.by_definition(ns, &e.definition_name, e.execute_at_ms, id), b"")?;
-        // (Its time index entry, holding its spec, is written by `save_execution`.)
+        // (Its time index entry, holding its spec, is written by `save_execution`; listing by
+        // definition filters that index by the specs its rows hold: no index of its own.)
         if let Some(key) = &req.idempotency_key {
             let rec = IdempotencyRecord { execution_id: id.clone(), fingerprint: print.clone() };
             tx.set(&self.ks.idempotency(ns, key), &encode(&rec))?;
@@ -427,11 +429,13 @@ struct Starts<'a> {
     at: BTreeMap<(String, String), (usize, usize)>,
     /// Executions started in this transaction.
     matched: Vec<Match>,
+    /// Their lease checks, written with the receipt.
+    checks: LeaseChecks,
 }
 
 impl<'a> Starts<'a> {
     fn new(offer: &'a Offer) -> Self {
-        Starts { offer, at: BTreeMap::new(), matched: Vec::new() }
+        Starts { offer, at: BTreeMap::new(), matched: Vec::new(), checks: LeaseChecks::default() }
     }
 
     /// The next slot for a new execution due by `now_ms`, if its queue has one left.
@@ -483,7 +487,7 @@ impl<'a> Starts<'a> {
 
     /// The positions reached, for the next transaction (its matches are the caller's now).
     fn committed(self) -> Starts<'a> {
-        Starts { matched: Vec::new(), ..self }
+        Starts { matched: Vec::new(), checks: LeaseChecks::default(), ..self }
     }
 }
 
@@ -502,7 +506,7 @@ impl Scheduler {
         match starts.take(e, now_ms) {
             Some((i, slot)) => {
                 e.status = execution_transition(e.status(), ExecutionEvent::Fire)? as i32;
-                self.start_attempt(tx, e, None, slot, now_ms, wm)?;
+                self.start_attempt(tx, e, None, (slot, &mut starts.checks), now_ms, wm)?;
                 starts.matched.push(Match { claim: Claimed::of(e.clone()), slot: i });
             }
             None => {

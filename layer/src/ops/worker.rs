@@ -16,6 +16,7 @@ use super::Scheduler;
 use super::budget;
 use super::claim::ClaimSlot;
 use super::error::{Error, Result, invalid};
+use super::lease_checks::LeaseChecks;
 use super::records::{decode, load_state, running_attempt, watermark};
 use super::retry::retry_delay_ms;
 use super::validate::{check_batch, check_name, check_ref};
@@ -264,8 +265,10 @@ impl Scheduler {
         Ok(crate::ops::join::join_in_order(reads).await?.into_iter().collect())
     }
 
-    /// READY → RUNNING: a new attempt with the next fencing token, a lease and its check
-    /// timer (`wm` is the execution's shard watermark, read in this transaction). `stored` is
+    /// READY → RUNNING: a new attempt with the next fencing token, a lease, and a place in the
+    /// transaction's shared lease check of its shard and deadline (`checks`: the caller writes
+    /// them before it commits, `ops::lease_checks`; `wm` is the execution's shard watermark,
+    /// read in this transaction). `stored` is
     /// the status the store holds, which the status index moves from: READY for a claim, the
     /// state before firing for a fire matched to a waiting worker (READY is then never stored),
     /// none for a submit of due-now work matched to a waiting worker (a new execution).
@@ -274,7 +277,7 @@ impl Scheduler {
         tx: &Transaction,
         e: &mut Execution,
         stored: Option<i32>,
-        slot: &ClaimSlot,
+        (slot, checks): (&ClaimSlot, &mut LeaseChecks),
         now_ms: i64,
         wm: i64,
     ) -> Result<()> {
@@ -292,7 +295,8 @@ impl Scheduler {
         e.lease_expires_at_ms = now_ms.saturating_add(lease as i64);
         e.lease_expires_at_ms = attempt_deadline_ms(e);
         let deadline = e.lease_expires_at_ms;
-        self.set_timer_with(tx, e, TimerKind::LeaseCheck, deadline, wm)?;
+        self.clear_timer(tx, e)?;
+        self.join_lease_checks(checks, e, deadline, wm);
         self.save_execution(tx, stored, e)?;
         assert!(e.status == ExecutionStatus::Running as i32 && e.timer.is_some());
         assert!(e.fencing_token != previous, "a new attempt has a new fencing token");

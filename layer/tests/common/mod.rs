@@ -371,6 +371,9 @@ fn check_timers(
             "timer {t:?} below watermark {}",
             watermarks[&t.shard]
         );
+        if t.kind == TimerKind::LeaseChecks as i32 {
+            continue; // shared: its members may have finished since (check_execution)
+        }
         let e = by_id.get(&t.execution_id).unwrap_or_else(|| panic!("orphan timer {t:?}"));
         let r =
             e.timer.as_ref().unwrap_or_else(|| panic!("timer {t:?} of an execution without one"));
@@ -397,16 +400,29 @@ fn check_execution(
         ExecutionStatus::Running => Some(TimerKind::LeaseCheck),
         _ => None,
     };
+    // A first lease check may be shared (LEASE_CHECKS): its key names the group, which lists
+    // this attempt.
+    let shared = timer_kind == Some(TimerKind::LeaseChecks);
+    let timer_kind = if shared { Some(TimerKind::LeaseCheck) } else { timer_kind };
     assert_eq!(timer_kind, want_timer, "execution {} in {:?}", e.id, e.status());
     if let Some(t) = &e.timer {
         let key = ks.timer(&kairos_layer::keys::TimerKey {
             bucket: t.bucket,
             shard: e.shard,
             fire_at_ms: t.fire_at_ms,
-            execution_id: e.id.clone(),
+            execution_id: if shared { t.group.clone() } else { e.id.clone() },
             kind: t.kind,
         });
-        assert!(dump.contains_key(&key), "timer of {} missing", e.id);
+        let entry = dump.get(&key).unwrap_or_else(|| panic!("timer of {} missing", e.id));
+        if shared {
+            use prost::Message as _;
+            let entry = kairos_proto::storage::v1::TimerEntry::decode(&entry[..]).unwrap();
+            let listed = entry
+                .members
+                .iter()
+                .any(|m| m.execution_id == e.id && m.fencing_token == e.fencing_token);
+            assert!(listed, "{} is not a member of its shared lease check", e.id);
+        }
     }
     let queued = ready.iter().filter(|r| r.execution_id == e.id).count();
     assert_eq!(

@@ -103,7 +103,7 @@ async fn restart_and_finish(w: &World, ids: &[String], beating: &[Claimed], lost
     }
     w.advance_ms(10_000);
     w.fire_all().await;
-    assert_eq!(shared_timers(&w).await, 0);
+    assert_eq!(shared_timers(w).await, 0);
     w.check_invariants().await;
     for id in ids {
         let e = w.sched.get(NS, id).await.unwrap();

@@ -283,7 +283,7 @@ impl Scheduler {
                 }
                 begin = key_after(&kv.key);
                 let (id, e) = match (id, e) {
-                    (Some(id), Row::Found(e)) => (id, e),
+                    (Some(id), Row::Found(e)) => (id, *e),
                     (Some(_), Row::Passed) => continue,
                     (Some(id), Row::Gone) => {
                         page.unreadable.push(id); // indexed, but its record is gone
@@ -349,7 +349,7 @@ impl Scheduler {
                 },
                 Err(e) => Err(e),
             };
-            Ok::<_, Error>(Row::Found(e))
+            Ok::<_, Error>(Row::Found(Box::new(e)))
         });
         let found = crate::ops::join::join_in_order(loads).await?;
         Ok(ids.into_iter().zip(found).collect())
@@ -359,7 +359,7 @@ impl Scheduler {
 /// What one index row of a page came to.
 enum Row {
     /// Its execution, or why it could not be read.
-    Found(Result<Execution>),
+    Found(Box<Result<Execution>>),
     /// Its spec names another definition than the query's: not read.
     Passed,
     /// Its execution is gone (or the key names none).

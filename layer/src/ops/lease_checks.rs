@@ -16,7 +16,7 @@ use kairos_proto::storage::v1::{Execution, LeaseCheckMember, TimerEntry, TimerKi
 
 use super::Scheduler;
 use super::error::{Error, Result};
-use super::records::{encode, load_state, timer_key};
+use super::records::{encode, load_state};
 use crate::ids::bucket_of;
 use crate::keys::TimerKey;
 use crate::kv::Transaction;
@@ -67,13 +67,13 @@ impl Scheduler {
     /// start and before it commits.
     pub(crate) fn write_lease_checks(&self, tx: &Transaction, checks: LeaseChecks) -> Result<()> {
         for ((shard, bucket, deadline), g) in checks.groups {
-            let t = TimerRef {
-                fire_at_ms: deadline,
+            let key = TimerKey {
                 bucket,
+                shard,
+                fire_at_ms: deadline,
+                execution_id: g.id,
                 kind: TimerKind::LeaseChecks as i32,
-                group: g.id,
             };
-            let anchor = Execution { shard, ..Execution::default() };
             let namespace = g.members.first().map(|m| m.namespace.clone()).unwrap_or_default();
             let entry = TimerEntry {
                 kind: TimerKind::LeaseChecks as i32,
@@ -81,7 +81,7 @@ impl Scheduler {
                 queue: String::new(),
                 members: g.members,
             };
-            tx.set(&self.ks.timer(&timer_key(&anchor, &t)), &encode(&entry))?;
+            tx.set(&self.ks.timer(&key), &encode(&entry))?;
         }
         Ok(())
     }

@@ -100,6 +100,11 @@ pub const PG_KEY_INDEX_BYTES_MAX: usize = 2_704;
 /// Bytes the postgres backend's read cache holds at most, its own overhead counted; when over,
 /// about half of its entries are evicted (ADR 0015).
 pub const PG_READ_CACHE_BYTES_MAX: usize = 128 << 20;
+/// Most keys one point-read statement of the postgres backend carries (the misses of the read
+/// cache waiting at the time, see `postgres::reads`).
+pub const PG_POINT_READ_BATCH_KEYS_MAX: usize = 1_000;
+/// Point-read statements of one process in flight at once.
+pub const PG_POINT_READS_IN_FLIGHT_MAX: usize = 4;
 /// A value larger than this is never held by the read cache.
 pub const PG_READ_CACHE_VALUE_BYTES_MAX: usize = 16 << 10;
 /// Commit batches that may wait in the read cache for an earlier one before it gives up on

@@ -10,7 +10,8 @@
 //!   replaced, each with the version that replaced it. A read *as of* version `rv` takes the
 //!   `kv` row if it is not newer than `rv`, else the `history` row that was current at `rv`.
 //!   So reads need no long-lived PostgreSQL transaction: each is one statement on any pooled
-//!   connection, and a transaction holds no connection while its closure runs.
+//!   connection, and a transaction holds no connection while its closure runs. Point reads the
+//!   cache misses are gathered: those waiting together go in one statement (see `reads`).
 //! - **Read cache.** Point reads of keys whose value the process knows is current through
 //!   the read version are served without a statement (see `cache`, ADR 0015): every commit
 //!   batch is applied to the cache in commit order — the process's own by its committer, with
@@ -53,6 +54,7 @@ pub use super::limits::{COMMIT_BATCH_TRANSACTIONS_MAX, PG_KEY_INDEX_BYTES_MAX};
 mod cache;
 mod committer;
 mod listener;
+mod reads;
 mod sql;
 pub mod testing;
 mod transaction;
@@ -259,6 +261,8 @@ struct Shared {
     known: AtomicU64,
     acks: AckLog,
     jobs: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    /// Point reads the cache missed, for the task that gathers them into statements.
+    reads: reads::Reads,
     watches: Arc<Watches>,
     closed: AtomicBool,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -313,6 +317,10 @@ pub struct PostgresStats {
     pub transactions_rejected: AtomicU64,
     /// PostgreSQL transactions that committed a batch.
     pub batches_committed: AtomicU64,
+    /// Point reads the read cache missed, sent to the database.
+    pub point_reads: AtomicU64,
+    /// Statements that carried them (see `reads`: the misses waiting together share one).
+    pub point_read_statements: AtomicU64,
 }
 
 impl PostgresStats {
@@ -363,6 +371,7 @@ impl PostgresDatabase {
             sql::ensure_schema(&mut client, &sql).await?
         };
         let (tx, rx) = mpsc::unbounded_channel();
+        let (reads, read_queue) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             config,
             pool,
@@ -371,6 +380,7 @@ impl PostgresDatabase {
             known: AtomicU64::new(version),
             acks: AckLog::default(),
             jobs: Mutex::new(Some(tx)),
+            reads,
             watches: Arc::new(Watches::default()),
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
@@ -380,8 +390,11 @@ impl PostgresDatabase {
             committer_pid: AtomicI32::new(0),
         });
         let committer = tokio::spawn(committer::run(shared.clone(), rx));
+        let reader = tokio::spawn(reads::run(shared.clone(), read_queue));
         let listener = listener::start(shared.clone()).await?;
-        shared.tasks.lock().unwrap_or_else(|e| e.into_inner()).extend([committer, listener]);
+        let mut tasks = shared.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.extend([committer, reader, listener]);
+        drop(tasks);
         Ok(PostgresDatabase { shared })
     }
 

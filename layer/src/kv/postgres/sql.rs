@@ -21,9 +21,9 @@ pub(crate) struct Sql {
     pub channel: String,
     /// `$1` → (version, gc_version).
     pub read_version: String,
-    /// `$1` key, `$2` read version → (gc_version, version, the key's row version (NULL: no
-    /// row), value as of the read version).
-    pub get: String,
+    /// `$1` keys, `$2` read versions (one each) → rows (ordinal from 1, gc_version, version,
+    /// the key's row version (NULL: no row), value as of its read version), one per key.
+    pub get_many: String,
     /// `$1` begin, `$2` end, `$3` read version, `$4` limit (NULL: none) → rows (key, value,
     /// version, gc_version): one header row with a NULL key carrying the meta columns, then the
     /// pairs (unordered: sort them).
@@ -73,10 +73,14 @@ impl Sql {
             schema: s.to_string(),
             channel: format!("kairos_kv_{s}"),
             read_version: format!("SELECT version, gc_version FROM {s}.meta WHERE id = 1"),
-            get: format!(
-                "SELECT m.gc_version, m.version, c.version, {} FROM {s}.meta m \
-                 LEFT JOIN {s}.kv c ON c.key = $1 WHERE m.id = 1",
-                as_of("$2")
+            // LIMIT 1 (the key is unique) keeps the subquery a per-key index probe: the planner
+            // cannot flatten it into a join that might scan all of `kv`.
+            get_many: format!(
+                "SELECT r.i, m.gc_version, m.version, x.version, x.value FROM {s}.meta m \
+                 CROSS JOIN unnest($1::bytea[], $2::int8[]) WITH ORDINALITY AS r(k, rv, i) \
+                 LEFT JOIN LATERAL (SELECT c.version, {} AS value FROM {s}.kv c \
+                 WHERE c.key = r.k LIMIT 1) x ON true WHERE m.id = 1",
+                as_of("r.rv")
             ),
             range_asc: range("ASC"),
             range_desc: range("DESC"),

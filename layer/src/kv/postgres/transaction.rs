@@ -1,6 +1,7 @@
 //! A transaction of the postgres backend: the shared write buffer on the client; reads as of
-//! the read version, one statement each on a pooled connection; the commit handed to the
-//! committer.
+//! the read version (point reads from the read cache, else gathered with the other misses
+//! waiting into one statement by `reads`; range reads one statement each on a pooled
+//! connection); the commit handed to the committer.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -118,19 +119,16 @@ impl PgTransaction {
         if let Some(value) = self.db.cache.get(key, rv) {
             return Ok(value);
         }
-        let conn = self.db.conn().await?;
-        let stmt = conn.prepare_cached(&self.db.sql.get).await.map_err(|e| classify(&e))?;
-        let row = conn.query_one(&stmt, &[&key, &to_i64(rv)]).await.map_err(|e| classify(&e))?;
-        let (gc, latest): (i64, i64) = (row.get(0), row.get(1));
-        let (gc, latest) = (to_u64(gc), to_u64(latest));
+        let point = super::reads::read(&self.db.reads, key, rv).await?;
+        let (gc, latest) = (point.gc, point.latest);
         self.db.learn(latest);
         if gc > rv {
             return Err(too_old());
         }
-        let value = row.get::<_, Option<Vec<u8>>>(3).map(Bytes::from);
+        let value = point.value.map(Bytes::from);
         // The key's latest version, if it is not newer than `rv`: its value since then. No row:
         // absent since at least the collected versions.
-        let written = match row.get::<_, Option<i64>>(2).map(to_u64) {
+        let written = match point.row_version {
             Some(w) if w <= rv => Some(w),
             Some(_) => None,
             None => Some(gc),

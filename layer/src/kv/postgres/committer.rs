@@ -3,7 +3,9 @@
 //! conflict check to `COMMIT`, so commits are sequenced cluster-wide as FoundationDB's are.
 //!
 //! A batch, in one PostgreSQL transaction (READ COMMITTED: after taking the lock, each
-//! statement sees every commit that finished before):
+//! statement sees every commit that finished before), sent as two pipelines of statements —
+//! steps 1–2 (with the stored values the adds need), then step 4 with `COMMIT` — so it costs
+//! two round trips:
 //! 1. lock `meta`: the latest version `base` and `gc_version`;
 //! 2. refuse transactions whose read version is below `gc_version` (too old), then those with a
 //!    key in a read conflict range written after their read version (one query for the whole
@@ -235,14 +237,27 @@ fn to_i64(v: u64) -> i64 {
 }
 
 /// Commits what it can of `batch`; the reply of each transaction, in order.
+///
+/// Two round trips, each a pipeline of statements PostgreSQL runs in order: `BEGIN`, the lock,
+/// the conflict check and the stored values the adds need (each statement after the lock sees
+/// every commit that finished before it); then the cleared ranges, the puts, the publication
+/// and `COMMIT`.
 async fn try_batch(
     db: &Shared,
     c: &mut Conn,
     batch: &[Job],
 ) -> std::result::Result<Vec<Result<CommitInfo>>, Failure> {
     let err = before_commit(batch);
-    c.client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED").await.map_err(&err)?;
-    let row = c.client.query_one(&c.lock, &[]).await.map_err(&err)?;
+    let (begun, locked, stale, stored) = futures_util::future::join4(
+        c.client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+        c.client.query_one(&c.lock, &[]),
+        stale(c, batch),
+        stored_for_adds(c, batch),
+    )
+    .await;
+    begun.map_err(&err)?;
+    let row = locked.map_err(&err)?;
+    let (stale, stored) = (stale.map_err(&err)?, stored.map_err(&err)?);
     let (base, gc): (i64, i64) = (row.get(1), row.get(2));
     let (base, gc) = (u64::try_from(base).unwrap_or(0), u64::try_from(gc).unwrap_or(0));
     db.learn(base);
@@ -254,8 +269,8 @@ async fn try_batch(
                 .then_some(Error::TransactionTooOld { window_ms: TRANSACTION_AGE_MAX_MS })
         })
         .collect();
-    for i in stale(c, batch, &verdicts).await.map_err(&err)? {
-        verdicts[i] = Some(Error::NotCommitted);
+    for i in stale {
+        verdicts[i].get_or_insert(Error::NotCommitted);
     }
     // Conflicts inside the batch: each transaction against the writes of those before it.
     let mut resolver = Resolver::new(0);
@@ -283,18 +298,10 @@ async fn try_batch(
         return Ok(replies);
     }
     let top = base + accepted.len() as u64;
-    let stored = stored_for_adds(c, &accepted).await.map_err(&err)?;
     let mut target = Target { stored, ..Target::default() };
     let changes = apply_batch(&mut target, &accepted, true)
         .map_err(|e| Failure::NotApplied(Error::Storage(format!("folding a batch: {e}"))))?;
-    write(db, c, base, &target, top, &changes).await.map_err(&err)?;
-    if let Err(e) = c.client.batch_execute("COMMIT").await {
-        return Err(if refused_commit(&e) {
-            Failure::NotApplied(classify(&e))
-        } else {
-            Failure::Unknown
-        });
-    }
+    write_and_commit(db, c, base, &target, top, &changes, &err).await?;
     // Before any caller hears of it: a transaction begun after reads it from the cache.
     db.cache.batch(base, top, target.into_changed());
     // Acknowledged in order: the log first, so a transaction begun after this batch's callers
@@ -306,18 +313,11 @@ async fn try_batch(
     Ok(replies)
 }
 
-/// Indexes of the transactions (not refused yet) with a key in a read conflict range written
-/// after their read version.
-async fn stale(
-    c: &Conn,
-    batch: &[Job],
-    verdicts: &[Option<Error>],
-) -> std::result::Result<Vec<usize>, tokio_postgres::Error> {
+/// Indexes of the transactions with a key in a read conflict range written after their read
+/// version (those the lock's `gc_version` refuses are asked too: the answer does not matter).
+async fn stale(c: &Conn, batch: &[Job]) -> std::result::Result<Vec<usize>, tokio_postgres::Error> {
     let (mut idx, mut begins, mut ends, mut rvs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, job) in batch.iter().enumerate() {
-        if verdicts[i].is_some() {
-            continue;
-        }
         for (b, e) in &job.read_conflicts {
             idx.push(i as i32);
             begins.push(b.as_slice());
@@ -332,14 +332,14 @@ async fn stale(
     Ok(rows.iter().map(|r| r.get::<_, i32>(0) as usize).collect())
 }
 
-/// The stored values of the keys the accepted transactions add to.
+/// The stored values of the keys the batch's transactions add to (those refused included).
 async fn stored_for_adds(
     c: &Conn,
-    accepted: &[(&[Mutation], Versionstamp)],
+    batch: &[Job],
 ) -> std::result::Result<BTreeMap<Vec<u8>, Bytes>, tokio_postgres::Error> {
-    let keys: BTreeSet<&[u8]> = accepted
+    let keys: BTreeSet<&[u8]> = batch
         .iter()
-        .flat_map(|(ms, _)| ms.iter())
+        .flat_map(|j| j.mutations.iter())
         .filter_map(|m| match m {
             Mutation::Add(k, _) => Some(k.as_slice()),
             _ => None,
@@ -383,36 +383,61 @@ impl ApplyTarget for Target {
     }
 }
 
-/// Writes the folded batch `(base, top]` and publishes it.
-async fn write(
+/// Writes the folded batch `(base, top]`, publishes it and commits, in one pipeline.
+///
+/// A statement PostgreSQL refused aborts the transaction, and the `COMMIT` sent after it then
+/// rolls back: nothing was applied. A statement without an answer (the connection failed) may
+/// have been followed by a `COMMIT` that PostgreSQL ran: the outcome is unknown.
+async fn write_and_commit(
     db: &Shared,
     c: &Conn,
     base: u64,
     t: &Target,
     top: u64,
     changes: &[Change],
-) -> std::result::Result<(), tokio_postgres::Error> {
+    err: &impl Fn(tokio_postgres::Error) -> Failure,
+) -> std::result::Result<(), Failure> {
     let top = to_i64(top);
     let put_keys: Vec<&[u8]> = t.puts.keys().map(Vec::as_slice).collect();
-    if !t.cleared.is_empty() {
-        let begins: Vec<&[u8]> = t.cleared.iter().map(|(b, _)| b.as_slice()).collect();
-        let ends: Vec<&[u8]> = t.cleared.iter().map(|(_, e)| e.as_slice()).collect();
-        // Only the written keys inside a cleared range are spared (usually none): the
-        // statement compares each cleared row with each of them.
-        let inside: Vec<&[u8]> = put_keys
-            .iter()
-            .copied()
-            .filter(|k| t.cleared.iter().any(|(b, e)| b.as_slice() <= *k && *k < e.as_slice()))
-            .collect();
-        c.client.execute(&c.clear_ranges, &[&begins, &ends, &inside, &top]).await?;
-    }
-    if !put_keys.is_empty() {
-        let values: Vec<Option<&[u8]>> = t.puts.values().map(|v| v.as_deref()).collect();
-        c.client.execute(&c.put, &[&put_keys, &values, &top]).await?;
-    }
+    let begins: Vec<&[u8]> = t.cleared.iter().map(|(b, _)| b.as_slice()).collect();
+    let ends: Vec<&[u8]> = t.cleared.iter().map(|(_, e)| e.as_slice()).collect();
+    // Only the written keys inside a cleared range are spared (usually none): the statement
+    // compares each cleared row with each of them.
+    let inside: Vec<&[u8]> = put_keys
+        .iter()
+        .copied()
+        .filter(|k| t.cleared.iter().any(|(b, e)| b.as_slice() <= *k && *k < e.as_slice()))
+        .collect();
+    let values: Vec<Option<&[u8]>> = t.puts.values().map(|v| v.as_deref()).collect();
     let payload = payload(to_i64(base), top, changes);
-    c.client.query(&c.publish, &[&top, &db.sql.channel, &payload]).await?;
-    Ok(())
+    let (cleared, put, published, committed) = futures_util::future::join4(
+        async {
+            match t.cleared.is_empty() {
+                true => Ok(0),
+                false => c.client.execute(&c.clear_ranges, &[&begins, &ends, &inside, &top]).await,
+            }
+        },
+        async {
+            match put_keys.is_empty() {
+                true => Ok(0),
+                false => c.client.execute(&c.put, &[&put_keys, &values, &top]).await,
+            }
+        },
+        c.client.query(&c.publish, &[&top, &db.sql.channel, &payload]),
+        c.client.batch_execute("COMMIT"),
+    )
+    .await;
+    for outcome in [cleared.map(drop), put.map(drop), published.map(drop)] {
+        match outcome {
+            Ok(()) => {}
+            Err(e) if e.as_db_error().is_some() => return Err(err(e)),
+            Err(_) => return Err(Failure::Unknown),
+        }
+    }
+    committed.map_err(|e| match refused_commit(&e) {
+        true => Failure::NotApplied(classify(&e)),
+        false => Failure::Unknown,
+    })
 }
 
 /// Forgets versions older than [`HISTORY_RETENTION_MS`], at most every [`GC_INTERVAL`]: raises

@@ -131,16 +131,16 @@ fn clear_ranges(s: &str) -> String {
 }
 
 /// Writes the keys `$1` with values `$2` (NULL = cleared) at version `$3`, moving replaced
-/// values to `history`.
+/// values to `history`. Each key's row is looked up once (`p`), for both.
 fn put(s: &str) -> String {
     format!(
-        "WITH p AS (SELECT * FROM unnest($1::bytea[], $2::bytea[]) AS p(key, value)), \
+        "WITH p AS (SELECT n.key, n.value, c.version AS old_version, c.value AS old_value \
+           FROM unnest($1::bytea[], $2::bytea[]) AS n(key, value) \
+           LEFT JOIN {s}.kv c ON c.key = n.key), \
          moved AS (INSERT INTO {s}.history (key, version, value, until) \
-           SELECT c.key, c.version, c.value, $3 FROM {s}.kv c JOIN p ON p.key = c.key \
-           WHERE c.value IS NOT NULL) \
+           SELECT key, old_version, old_value, $3 FROM p WHERE old_value IS NOT NULL) \
          INSERT INTO {s}.kv (key, version, value) \
-           SELECT p.key, $3, p.value FROM p WHERE p.value IS NOT NULL OR EXISTS \
-           (SELECT 1 FROM {s}.kv c WHERE c.key = p.key AND c.value IS NOT NULL) \
+           SELECT key, $3, value FROM p WHERE value IS NOT NULL OR old_value IS NOT NULL \
          ON CONFLICT (key) DO UPDATE SET version = EXCLUDED.version, value = EXCLUDED.value"
     )
 }

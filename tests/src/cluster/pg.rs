@@ -53,10 +53,16 @@ impl PgServer {
         let mut pg = PgServer::new()?;
         pg.run("initdb", &["-D", "data", "-U", "postgres", "-A", "trust", "-E", "UTF8"])?;
         pg.trust_everyone()?;
-        let mut all: Vec<String> = settings.iter().map(|s| s.to_string()).collect();
         if sync_standby {
-            all.push(format!("synchronous_standby_names={STANDBY_NAME}"));
+            // In postgresql.conf, not on the command line: a `-c` setting outranks ALTER SYSTEM,
+            // and the operator's step when the standby is lost is
+            // `ALTER SYSTEM SET synchronous_standby_names = ''` (docs/deployment.md).
+            let conf = pg.dir.join("data/postgresql.conf");
+            let mut text = std::fs::read_to_string(&conf).context("reading postgresql.conf")?;
+            text.push_str(&format!("synchronous_standby_names = '{STANDBY_NAME}'\n"));
+            std::fs::write(&conf, text).context("writing postgresql.conf")?;
         }
+        let all: Vec<String> = settings.iter().map(|s| s.to_string()).collect();
         pg.start(&all)?;
         Ok(pg)
     }
@@ -74,6 +80,13 @@ impl PgServer {
         let conninfo =
             format!("host=127.0.0.1 port={port} user=postgres application_name={STANDBY_NAME}");
         pg.run("pg_basebackup", &["-d", &conninfo, "-D", "data", "-R", "-X", "stream"])?;
+        // pg_basebackup copied the primary's postgresql.conf, which names this standby as the
+        // synchronous one: once promoted, it would wait for itself. A standby names none.
+        let conf = pg.dir.join("data/postgresql.conf");
+        let text = std::fs::read_to_string(&conf).context("reading postgresql.conf")?;
+        let keep = text.lines().filter(|l| !l.starts_with("synchronous_standby_names"));
+        std::fs::write(&conf, keep.collect::<Vec<_>>().join("\n") + "\n")
+            .context("writing postgresql.conf")?;
         // Promotion waits this long for WAL that will never come (the primary is gone).
         pg.start(&["wal_retrieve_retry_interval=500ms".to_string()])?;
         let t = Instant::now();
